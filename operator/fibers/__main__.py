@@ -1,0 +1,3 @@
+from fibers.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""The `fibers` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+
+from fibers import logs
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from fibers import stack
+    from fibers.stack import fetch
+
+    if args.action == "fetch":
+        fetch.fetch_all(args.components or None)
+        return 0
+    if args.action == "up":
+        info = stack.up()
+        print(json.dumps(asdict(info), indent=2))
+        print(f"\nexport KUBECONFIG={info.kubeconfig}", file=sys.stderr)
+        return 0
+    if args.action == "down":
+        stack.down()
+        return 0
+    info = stack.current()
+    if info is None:
+        print("no stack recorded")
+        return 1
+    dead = info.dead()
+    print(json.dumps({**asdict(info), "dead": dead}, indent=2))
+    return 1 if dead or not info.pids else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fibers", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    stack_cmd = sub.add_parser("stack", help="the local stack of real components (tests and demo only)")
+    stack_cmd.add_argument("action", choices=["up", "down", "status", "fetch"])
+    stack_cmd.add_argument("components", nargs="*", help="fetch: only these (kubernetes, kafka, …)")
+    stack_cmd.set_defaults(func=_stack)
+
+    args = parser.parse_args(argv)
+    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
+    result: int = args.func(args)
+    return result

@@ -1,0 +1,49 @@
+"""Logging setup shared by the CLI, the operator and the consumer runtime.
+
+Human-readable lines on a terminal, one JSON object per line otherwise (what log collectors want).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_extras(record),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in _extras(record).items())
+        line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname[0]} {record.getMessage()}"
+        return f"{line}  {extras}" if extras else line
+
+
+def setup(level: int = logging.INFO, json_lines: bool | None = None) -> None:
+    """Configure the root logger once; JSON when stderr is not a terminal unless told otherwise."""
+    if json_lines is None:
+        json_lines = not sys.stderr.isatty()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,24 @@
+"""FerretDB v1 (SQLite backend): the stack's MongoDB-protocol server.
+
+Real MongoDB cannot be obtained here. FerretDB v1 has no change streams and no transactions,
+so nothing in Fibers may rely on them.
+"""
+
+from __future__ import annotations
+
+from fibers.stack import fetch
+from fibers.stack.launcher import Launcher
+from fibers.stack.process import free_port, port_open
+
+
+def start(launcher: Launcher) -> dict[str, str]:
+    binary = fetch.ferretdb() / "ferretdb"
+    home = launcher.run_dir / "ferretdb"
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    launcher.spawn("ferretdb", [
+        str(binary), "--handler=sqlite", f"--sqlite-url=file:{home}/", f"--listen-addr=127.0.0.1:{port}",
+        "--debug-addr=-", f"--state-dir={home}", "--telemetry=disable", "--log-level=warn",
+    ])
+    launcher.wait("ferretdb", lambda: port_open(port), timeout=30)
+    return {"mongodb_uri": f"mongodb://127.0.0.1:{port}/"}

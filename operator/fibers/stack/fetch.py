@@ -1,0 +1,126 @@
+"""Fetch or build each local-stack component into the cache, only when it is missing.
+
+Everything comes from package registries through their ordinary clients: Go modules through
+`go build`, jars through Maven. Each component is built into a temporary directory and renamed
+into place, so an interrupted build never looks cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fibers.stack.layout import artifacts, cache_dir, tools_dir, versions
+
+log = logging.getLogger("fibers.stack.fetch")
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    """Run a build command, streaming its output so a long build shows progress."""
+    log.info("running %s", " ".join(argv[:4]) + (" …" if len(argv) > 4 else ""), extra={"cwd": str(cwd)})
+    subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, check=True)
+
+
+def _go_env() -> dict[str, str]:
+    c = cache_dir()
+    return {
+        "GOTOOLCHAIN": "local",
+        "CGO_ENABLED": "0",
+        "GOFLAGS": "-buildvcs=false -trimpath -mod=readonly",
+        "GOMODCACHE": str(c / "gomod"),
+        "GOCACHE": str(c / "gobuild"),
+    }
+
+
+def _mvn_copy(project: str, out: Path) -> None:
+    _run(
+        [
+            "mvn", "-B", "-q", "-Dstyle.color=never", f"-Dmaven.repo.local={cache_dir() / 'm2'}",
+            "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={out}",
+        ],
+        cwd=tools_dir() / project,
+    )
+
+
+def _build_into(target: Path, build: Callable[[Path], None]) -> Path:
+    """Build into target.tmp, then rename: a half-built component is never taken for cached."""
+    if target.exists():
+        return target
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    started = time.monotonic()
+    build(tmp)
+    tmp.rename(target)
+    log.info("built %s", target.name, extra={"seconds": round(time.monotonic() - started, 1)})
+    return target
+
+
+def kubernetes() -> Path:
+    v = versions().kubernetes
+    minor = v.split(".")[1]
+    stamp = "k8s.io/component-base/version"
+    client = "k8s.io/client-go/pkg/version"
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X {stamp}.gitVersion={v} -X {stamp}.gitMajor=1 -X {stamp}.gitMinor={minor}",
+            f"-X {stamp}.gitTreeState=clean -X {stamp}.buildDate=1970-01-01T00:00:00Z",
+            f"-X {client}.gitVersion={v} -X {client}.gitMajor=1 -X {client}.gitMinor={minor}",
+        ]
+    )
+
+    def build(out: Path) -> None:
+        cwd = tools_dir() / "k8sbin"
+        for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            log.info("building %s %s (cold: 5-15 minutes each on 2 cores)", cmd, v)
+            _run(["go", "build", "-ldflags", ldflags, "-o", str(out / cmd), f"k8s.io/kubernetes/cmd/{cmd}"],
+                 cwd, _go_env())
+        _run(["go", "build", "-ldflags", "-s -w", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"],
+             cwd, _go_env())
+
+    return _build_into(artifacts().kubernetes_bin, build)
+
+
+def ferretdb() -> Path:
+    def build(out: Path) -> None:
+        log.info("building ferretdb %s (cold: a few minutes)", versions().ferretdb)
+        _run(["go", "build", "-ldflags", "-s -w", "-o", str(out / "ferretdb"),
+              "github.com/FerretDB/FerretDB/cmd/ferretdb"], tools_dir() / "ferretdb", _go_env())
+
+    return _build_into(artifacts().ferretdb_bin.parent, build)
+
+
+def kafka() -> Path:
+    return _build_into(artifacts().kafka_lib, lambda out: _mvn_copy("kafka", out))
+
+
+def connect_plugins() -> Path:
+    """Debezium in a plugin directory of its own, so Connect loads it in an isolated class loader."""
+    return _build_into(
+        artifacts().connect_plugins, lambda out: _mvn_copy("debezium", out / "debezium-connector-postgres")
+    )
+
+
+def spark_kafka_jars() -> Path:
+    return _build_into(artifacts().spark_kafka_jars, lambda out: _mvn_copy("spark-kafka", out))
+
+
+COMPONENTS: dict[str, Callable[[], Path]] = {
+    "kafka": kafka,
+    "connect-plugins": connect_plugins,
+    "spark-kafka": spark_kafka_jars,
+    "ferretdb": ferretdb,
+    "kubernetes": kubernetes,
+}
+
+
+def fetch_all(names: list[str] | None = None) -> None:
+    for name in names or list(COMPONENTS):
+        COMPONENTS[name]()

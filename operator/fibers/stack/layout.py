@@ -1,0 +1,92 @@
+"""Where the local stack keeps things, and which versions it runs.
+
+Versions are read from the recipes under tools/ (go.mod and pom.xml files), so each version is
+written down exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("FIBERS_TOOLS_DIR", REPO_ROOT / "tools"))
+
+
+def cache_dir() -> Path:
+    """Built binaries, jars and Go/Maven caches, keyed by version (FIBERS_CACHE overrides)."""
+    return Path(os.environ.get("FIBERS_CACHE", Path.home() / ".cache" / "fibers"))
+
+
+def run_dir() -> Path:
+    """A running stack's data, logs and stack.json (FIBERS_STACK_DIR overrides).
+
+    Outside the home directory on purpose: PostgreSQL runs as the postgres user and must be able
+    to reach its data directory.
+    """
+    return Path(os.environ.get("FIBERS_STACK_DIR", f"/tmp/fibers-stack-{os.getuid()}"))
+
+
+def _go_require(gomod: Path, module: str) -> str:
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", gomod.read_text(), re.M)
+    if not match:
+        raise ValueError(f"{gomod}: no requirement on {module}")
+    return match.group(1)
+
+
+def _pom_property(pom: Path, name: str) -> str:
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom.read_text())
+    if not match:
+        raise ValueError(f"{pom}: no <{name}> property")
+    return match.group(1).strip()
+
+
+@dataclass(frozen=True)
+class Versions:
+    kubernetes: str
+    etcd: str
+    ferretdb: str
+    kafka: str
+    debezium: str
+    spark: str
+
+
+@cache
+def versions() -> Versions:
+    tools = tools_dir()
+    return Versions(
+        kubernetes=_go_require(tools / "k8sbin" / "go.mod", "k8s.io/kubernetes"),
+        etcd=_go_require(tools / "k8sbin" / "go.mod", "go.etcd.io/etcd/server/v3"),
+        ferretdb=_go_require(tools / "ferretdb" / "go.mod", "github.com/FerretDB/FerretDB"),
+        kafka=_pom_property(tools / "kafka" / "pom.xml", "kafka.version"),
+        debezium=_pom_property(tools / "debezium" / "pom.xml", "debezium.version"),
+        spark=_pom_property(tools / "spark-kafka" / "pom.xml", "spark.version"),
+    )
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """Cached locations of every fetched or built component."""
+
+    kubernetes_bin: Path
+    ferretdb_bin: Path
+    kafka_lib: Path
+    connect_plugins: Path
+    spark_kafka_jars: Path
+
+
+def artifacts() -> Artifacts:
+    v, c = versions(), cache_dir()
+    return Artifacts(
+        kubernetes_bin=c / "bin" / f"k8s-{v.kubernetes}",
+        ferretdb_bin=c / "bin" / f"ferretdb-{v.ferretdb}" / "ferretdb",
+        kafka_lib=c / f"kafka-{v.kafka}" / "lib",
+        connect_plugins=c / f"connect-plugins-debezium-{v.debezium}",
+        spark_kafka_jars=c / f"spark-kafka-{v.spark}",
+    )

@@ -1,0 +1,63 @@
+"""PostgreSQL for the stack: a throwaway cluster with logical decoding on, as a real CDC source.
+
+The server refuses to run as root, so when we are root it runs as the `postgres` user.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from fibers.stack.launcher import Launcher
+from fibers.stack.process import StackError, free_port, port_open
+
+
+def _bindir() -> Path:
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
+    if not candidates:
+        raise StackError("PostgreSQL server not found under /usr/lib/postgresql (apt-get install postgresql)")
+    return candidates[-1].parent
+
+
+def _as_postgres_user() -> str | None:
+    return "postgres" if os.geteuid() == 0 else None
+
+
+def start(launcher: Launcher) -> dict[str, str]:
+    bindir, user = _bindir(), _as_postgres_user()
+    home = launcher.run_dir / "postgres"
+    data, sockets = home / "data", home / "sockets"
+    sockets.mkdir(parents=True, exist_ok=True)
+    if user:
+        shutil.chown(home, user, user)
+        shutil.chown(sockets, user, user)
+    subprocess.run(
+        [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync",
+         "-E", "UTF8", "--locale=C"],
+        check=True, capture_output=True, user=user, group=user, extra_groups=[] if user else None,
+    )
+    port = free_port()
+    settings = {
+        "listen_addresses": "127.0.0.1",
+        "port": port,
+        "unix_socket_directories": sockets,
+        "wal_level": "logical",
+        "max_wal_senders": 10,
+        "max_replication_slots": 10,
+        "fsync": "off",
+        "synchronous_commit": "off",
+        "full_page_writes": "off",
+    }
+    argv = [str(bindir / "postgres"), "-D", str(data)]
+    for key, value in settings.items():
+        argv += ["-c", f"{key}={value}"]
+    launcher.spawn("postgres", argv, user=user)
+    launcher.wait("postgres", lambda: port_open(port) and _accepts(bindir, port), timeout=60)
+    return {"postgres_dsn": f"postgresql://postgres@127.0.0.1:{port}/postgres"}
+
+
+def _accepts(bindir: Path, port: int) -> bool:
+    return subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                          capture_output=True).returncode == 0

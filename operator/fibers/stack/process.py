@@ -1,0 +1,111 @@
+"""Start, watch and stop the stack's server processes.
+
+Each server runs in a session of its own, so stopping it also stops whatever it forked, and it
+outlives the command that started it (`fibers stack up` returns while the stack keeps running).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """A component did not start; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def spawn(argv: list[str], log_file: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None,
+          user: str | None = None) -> int:
+    """Start a detached server process writing to log_file; returns its pid."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            user=user,
+            group=user,
+            extra_groups=[] if user else None,
+        )
+    return proc.pid
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of this process still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return False
+    return _state(pid) != "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "X"
+
+
+def wait_until(ready: Callable[[], bool], *, name: str, pid: int, log_file: Path, timeout: float) -> None:
+    """Poll ready() until true; fail fast with the log tail if the process exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            raise StackError(f"{name} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}")
+        try:
+            if ready():
+                return
+        except Exception:  # a server that is still starting answers with all sorts of errors
+            pass
+        time.sleep(0.3)
+    raise StackError(f"{name} not ready after {timeout:.0f}s; last lines of {log_file}:\n{log_tail(log_file)}")
+
+
+def stop(pid: int, sig: signal.Signals = signal.SIGTERM, timeout: float = 20.0) -> None:
+    """Signal the process group, then kill it if it has not exited within the timeout."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,67 @@
+"""Session fixtures: the real local stack, brought up once per test run.
+
+FIBERS_STACK_REUSE=1 reuses a running stack (`fibers stack up`) and leaves it running afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from kubernetes import config
+from kubernetes.client import ApiClient
+from pymongo import MongoClient
+
+from fibers import stack
+from fibers.stack import StackInfo
+
+
+@pytest.fixture(scope="session")
+def stack_info() -> Iterator[StackInfo]:
+    reuse = os.environ.get("FIBERS_STACK_REUSE") == "1"
+    before = stack.current()
+    was_running = bool(before and before.pids and not before.dead())
+    info = stack.up()
+    saved = dict(os.environ)
+    os.environ.update(info.env())
+    yield info
+    os.environ.clear()
+    os.environ.update(saved)
+    if not (reuse or was_running):
+        stack.down()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short name no other test (or earlier run against a reused stack) has used."""
+    return "t" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def kube(stack_info: StackInfo) -> Iterator[ApiClient]:
+    client = config.new_client_from_config(config_file=stack_info.kubeconfig)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def connect_http(stack_info: StackInfo) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack_info.connect_url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def pg(stack_info: StackInfo) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def mongo(stack_info: StackInfo) -> Iterator[MongoClient[dict[str, object]]]:
+    client: MongoClient[dict[str, object]] = MongoClient(stack_info.mongodb_uri, serverSelectionTimeoutMS=10000)
+    yield client
+    client.close()
