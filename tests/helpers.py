@@ -25,12 +25,14 @@ def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str, interv
 
 def read_topic(bootstrap: str, topic: str, count: int, *, timeout: float = 60) -> list[bytes]:
     """Read the first `count` record values of a topic from the beginning."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"test-reader-{time.monotonic_ns()}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-reader-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     values: list[bytes] = []
     deadline = time.monotonic() + timeout

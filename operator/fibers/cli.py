@@ -26,13 +26,13 @@ def _stack(args: argparse.Namespace) -> int:
     if args.action == "down":
         stack.down()
         return 0
-    info = stack.current()
-    if info is None:
+    recorded = stack.current()
+    if recorded is None:
         print("no stack recorded")
         return 1
-    dead = info.dead()
-    print(json.dumps({**asdict(info), "dead": dead}, indent=2))
-    return 1 if dead or not info.pids else 0
+    dead = recorded.dead()
+    print(json.dumps({**asdict(recorded), "dead": dead}, indent=2))
+    return 1 if dead or not recorded.pids else 0
 
 
 def main(argv: list[str] | None = None) -> int:

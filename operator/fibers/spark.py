@@ -26,8 +26,9 @@ def kafka_jars(jars_dir: Path) -> list[Path]:
     return jars
 
 
-def session(app: str, *, master: str = "local[2]", conf: dict[str, str] | None = None,
-            jars_dir: Path | None = None) -> SparkSession:
+def session(
+    app: str, *, master: str = "local[2]", conf: dict[str, str] | None = None, jars_dir: Path | None = None
+) -> SparkSession:
     from pyspark.sql import SparkSession
 
     jars_dir = jars_dir or Path(os.environ.get("FIBERS_SPARK_KAFKA_JARS", ""))

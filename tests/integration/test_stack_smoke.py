@@ -26,20 +26,30 @@ SMOKE_CRD = {
         "group": "smoke.fibers.dev",
         "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
-            }}},
-        }],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
 
 def test_kubernetes_configmap_crd_and_garbage_collection(kube: ApiClient, unique: str) -> None:
     core = k8s.CoreV1Api(kube)
-    core.create_namespaced_config_map("default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=unique),
-                                                                  data={"hello": "world"}))
+    core.create_namespaced_config_map(
+        "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=unique), data={"hello": "world"})
+    )
     assert core.read_namespaced_config_map(unique, "default").data == {"hello": "world"}
 
     ext = k8s.ApiextensionsV1Api(kube)
@@ -48,26 +58,42 @@ def test_kubernetes_configmap_crd_and_garbage_collection(kube: ApiClient, unique
     except ApiException as exc:
         if exc.status != 409:  # a reused stack already has it
             raise
-    wait_for(lambda: any(c.type == "Established" and c.status == "True"
-                         for c in ext.read_custom_resource_definition("widgets.smoke.fibers.dev").status.conditions
-                         or []), timeout=30, what="CRD established")
+    wait_for(
+        lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition("widgets.smoke.fibers.dev").status.conditions or []
+        ),
+        timeout=30,
+        what="CRD established",
+    )
     custom = k8s.CustomObjectsApi(kube)
-    body = {"apiVersion": "smoke.fibers.dev/v1", "kind": "Widget", "metadata": {"name": unique},
-            "spec": {"size": 3}}
+    body = {
+        "apiVersion": "smoke.fibers.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": unique},
+        "spec": {"size": 3},
+    }
     wait_for(lambda: _create_when_served(custom, body), timeout=30, what="Widget created")
-    assert custom.get_namespaced_custom_object("smoke.fibers.dev", "v1", "default", "widgets",
-                                               unique)["spec"] == {"size": 3}
+    assert custom.get_namespaced_custom_object("smoke.fibers.dev", "v1", "default", "widgets", unique)["spec"] == {
+        "size": 3
+    }
 
     owner = core.read_namespaced_config_map(unique, "default")
-    dependent = k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(
-        name=f"{unique}-dep",
-        owner_references=[k8s.V1OwnerReference(api_version="v1", kind="ConfigMap", name=unique,
-                                               uid=owner.metadata.uid)],
-    ))
+    dependent = k8s.V1ConfigMap(
+        metadata=k8s.V1ObjectMeta(
+            name=f"{unique}-dep",
+            owner_references=[
+                k8s.V1OwnerReference(api_version="v1", kind="ConfigMap", name=unique, uid=owner.metadata.uid)
+            ],
+        )
+    )
     core.create_namespaced_config_map("default", dependent)
     core.delete_namespaced_config_map(unique, "default", propagation_policy="Background")
-    wait_for(lambda: not _exists(lambda: core.read_namespaced_config_map(f"{unique}-dep", "default")),
-             timeout=60, what="dependent garbage-collected")
+    wait_for(
+        lambda: not _exists(lambda: core.read_namespaced_config_map(f"{unique}-dep", "default")),
+        timeout=60,
+        what="dependent garbage-collected",
+    )
 
 
 def _create_when_served(custom: k8s.CustomObjectsApi, body: dict[str, object]) -> bool:
@@ -98,14 +124,24 @@ def _connector_running(connect_http: httpx.Client, name: str) -> bool:
     return status["connector"]["state"] == "RUNNING" and any(t["state"] == "RUNNING" for t in status["tasks"])
 
 
-def test_filestream_source_connector(stack_info: StackInfo, connect_http: httpx.Client, tmp_path: Path,
-                                     unique: str) -> None:
+def test_filestream_source_connector(
+    stack_info: StackInfo, connect_http: httpx.Client, tmp_path: Path, unique: str
+) -> None:
     lines = [f"line {i} of {unique}" for i in range(5)]
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n")
-    response = connect_http.post("/connectors", json={"name": unique, "config": {
-        "connector.class": "FileStreamSource", "tasks.max": "1", "file": str(source), "topic": unique,
-    }})
+    response = connect_http.post(
+        "/connectors",
+        json={
+            "name": unique,
+            "config": {
+                "connector.class": "FileStreamSource",
+                "tasks.max": "1",
+                "file": str(source),
+                "topic": unique,
+            },
+        },
+    )
     assert response.status_code == 201, response.text
     try:
         wait_for(lambda: _connector_running(connect_http, unique), timeout=60, what="connector RUNNING")
@@ -115,25 +151,44 @@ def test_filestream_source_connector(stack_info: StackInfo, connect_http: httpx.
         connect_http.delete(f"/connectors/{unique}")
 
 
-def test_debezium_postgres_change_event(stack_info: StackInfo, connect_http: httpx.Client,
-                                        pg: psycopg.Connection[tuple[object, ...]], unique: str) -> None:
+def test_debezium_postgres_change_event(
+    stack_info: StackInfo, connect_http: httpx.Client, pg: psycopg.Connection[tuple[object, ...]], unique: str
+) -> None:
     pg.execute(f"CREATE TABLE {unique} (id int PRIMARY KEY, name text)")
     dsn = psycopg.conninfo.conninfo_to_dict(stack_info.postgres_dsn)
-    response = connect_http.post("/connectors", json={"name": unique, "config": {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": "1",
-        "plugin.name": "pgoutput",
-        "database.hostname": dsn["host"], "database.port": str(dsn["port"]),
-        "database.user": "postgres", "database.password": "unused", "database.dbname": "postgres",
-        "topic.prefix": unique, "table.include.list": f"public.{unique}",
-        "slot.name": unique, "publication.name": unique, "publication.autocreate.mode": "filtered",
-        "snapshot.mode": "no_data",
-    }})
+    response = connect_http.post(
+        "/connectors",
+        json={
+            "name": unique,
+            "config": {
+                "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                "tasks.max": "1",
+                "plugin.name": "pgoutput",
+                "database.hostname": dsn["host"],
+                "database.port": str(dsn["port"]),
+                "database.user": "postgres",
+                "database.password": "unused",
+                "database.dbname": "postgres",
+                "topic.prefix": unique,
+                "table.include.list": f"public.{unique}",
+                "slot.name": unique,
+                "publication.name": unique,
+                "publication.autocreate.mode": "filtered",
+                "snapshot.mode": "no_data",
+            },
+        },
+    )
     assert response.status_code == 201, response.text
     try:
         wait_for(lambda: _connector_running(connect_http, unique), timeout=90, what="Debezium RUNNING")
-        wait_for(lambda: pg.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
-                                    (unique,)).fetchone() == (True,), timeout=60, what="replication slot active")
+        wait_for(
+            lambda: (
+                pg.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (unique,)).fetchone()
+                == (True,)
+            ),
+            timeout=60,
+            what="replication slot active",
+        )
         pg.execute(f"INSERT INTO {unique} VALUES (1, 'ada')")
         [value] = read_topic(stack_info.kafka_bootstrap, f"{unique}.public.{unique}", 1, timeout=90)
         event = json.loads(value)
@@ -142,8 +197,16 @@ def test_debezium_postgres_change_event(stack_info: StackInfo, connect_http: htt
         assert int(event["source"]["lsn"]) > 0
     finally:
         connect_http.delete(f"/connectors/{unique}")
-        wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active",
-                                    (unique,)).fetchone() == (0,), timeout=30, what="slot released")
+        wait_for(
+            lambda: (
+                pg.execute(
+                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (unique,)
+                ).fetchone()
+                == (0,)
+            ),
+            timeout=30,
+            what="slot released",
+        )
         pg.execute("SELECT pg_drop_replication_slot(%s)", (unique,))
 
 
@@ -170,11 +233,19 @@ def test_spark_reads_one_topic_and_writes_another(stack_info: StackInfo, unique:
 
     spark = session("fibers-smoke", jars_dir=Path(stack_info.spark_kafka_jars))
     try:
-        source = (spark.read.format("kafka").option("kafka.bootstrap.servers", stack_info.kafka_bootstrap)
-                  .option("subscribe", f"{unique}-in").load())
+        source = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", stack_info.kafka_bootstrap)
+            .option("subscribe", f"{unique}-in")
+            .load()
+        )
         upper = source.selectExpr("key", "upper(CAST(value AS STRING)) AS value")
-        (upper.write.format("kafka").option("kafka.bootstrap.servers", stack_info.kafka_bootstrap)
-         .option("topic", f"{unique}-out").save())
+        (
+            upper.write.format("kafka")
+            .option("kafka.bootstrap.servers", stack_info.kafka_bootstrap)
+            .option("topic", f"{unique}-out")
+            .save()
+        )
     finally:
         spark.stop()
     values = read_topic(stack_info.kafka_bootstrap, f"{unique}-out", 10)

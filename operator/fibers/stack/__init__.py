@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fibers.stack import fetch, ferretdb, kafka, kube, postgres, process
+from fibers.stack import ferretdb, fetch, kafka, kube, postgres, process
 from fibers.stack.launcher import Launcher
 from fibers.stack.layout import run_dir
 
@@ -86,9 +86,9 @@ def up() -> StackInfo:
     fetch.fetch_all()  # builds happen here, once, before any server starts
 
     root = run_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(root, ignore_errors=True)  # every start is a fresh cluster
+    root.mkdir(parents=True)
     root.chmod(0o755)
-    shutil.rmtree(root / "logs", ignore_errors=True)
     launcher = Launcher(root)
     info = StackInfo(run_dir=str(root), spark_kafka_jars=str(fetch.spark_kafka_jars()))
     started = time.monotonic()

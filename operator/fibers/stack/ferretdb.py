@@ -12,13 +12,17 @@ from fibers.stack.process import free_port, port_open
 
 
 def start(launcher: Launcher) -> dict[str, str]:
-    binary = fetch.ferretdb() / "ferretdb"
+    binary = fetch.ferretdb()
     home = launcher.run_dir / "ferretdb"
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    launcher.spawn("ferretdb", [
-        str(binary), "--handler=sqlite", f"--sqlite-url=file:{home}/", f"--listen-addr=127.0.0.1:{port}",
-        "--debug-addr=-", f"--state-dir={home}", "--telemetry=disable", "--log-level=warn",
-    ])
+    launcher.spawn(
+        "ferretdb",
+        [
+            str(binary),
+            f"--sqlite-url=file:{home}/",
+            f"--listen-addr=127.0.0.1:{port}",
+        ],
+    )
     launcher.wait("ferretdb", lambda: port_open(port), timeout=30)
     return {"mongodb_uri": f"mongodb://127.0.0.1:{port}/"}

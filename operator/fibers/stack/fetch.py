@@ -16,14 +16,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fibers.stack.layout import artifacts, cache_dir, tools_dir, versions
+from fibers.stack.process import log_tail
 
 log = logging.getLogger("fibers.stack.fetch")
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-    """Run a build command, streaming its output so a long build shows progress."""
-    log.info("running %s", " ".join(argv[:4]) + (" …" if len(argv) > 4 else ""), extra={"cwd": str(cwd)})
-    subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, check=True)
+    """Run a build command; its output goes to a log file and is shown only when it fails."""
+    log_file = cache_dir() / "build.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log.info("running %s", " ".join(argv[:3]) + " …", extra={"cwd": str(cwd)})
+    with open(log_file, "ab") as out:
+        result = subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=out)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} failed in {cwd}; last lines of {log_file}:\n{log_tail(log_file)}")
 
 
 def _go_env() -> dict[str, str]:
@@ -40,9 +46,13 @@ def _go_env() -> dict[str, str]:
 def _mvn_copy(project: str, out: Path) -> None:
     _run(
         [
-            "mvn", "-B", "-q", "-Dstyle.color=never", f"-Dmaven.repo.local={cache_dir() / 'm2'}",
+            "mvn",
+            "-B",
+            "-q",
+            f"-Dmaven.repo.local={cache_dir() / 'm2'}",
             "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={out}",
         ],
         cwd=tools_dir() / project,
     )
@@ -80,25 +90,38 @@ def kubernetes() -> Path:
         cwd = tools_dir() / "k8sbin"
         for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
             log.info("building %s %s (cold: 5-15 minutes each on 2 cores)", cmd, v)
-            _run(["go", "build", "-ldflags", ldflags, "-o", str(out / cmd), f"k8s.io/kubernetes/cmd/{cmd}"],
-                 cwd, _go_env())
-        _run(["go", "build", "-ldflags", "-s -w", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"],
-             cwd, _go_env())
+            _run(
+                ["go", "build", "-ldflags", ldflags, "-o", str(out / cmd), f"k8s.io/kubernetes/cmd/{cmd}"],
+                cwd,
+                _go_env(),
+            )
+        _run(
+            ["go", "build", "-ldflags", "-s -w", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"],
+            cwd,
+            _go_env(),
+        )
 
     return _build_into(artifacts().kubernetes_bin, build)
 
 
 def ferretdb() -> Path:
-    def build(out: Path) -> None:
-        log.info("building ferretdb %s (cold: a few minutes)", versions().ferretdb)
-        _run(["go", "build", "-ldflags", "-s -w", "-o", str(out / "ferretdb"),
-              "github.com/FerretDB/FerretDB/cmd/ferretdb"], tools_dir() / "ferretdb", _go_env())
+    """The FerretDB binary (our small main package over FerretDB's embeddable API)."""
+    binary = artifacts().ferretdb_bin
 
-    return _build_into(artifacts().ferretdb_bin.parent, build)
+    def build(out: Path) -> None:
+        log.info("building ferretdb %s (cold: about a minute)", versions().ferretdb)
+        _run(
+            ["go", "build", "-ldflags", "-s -w", "-o", str(out / binary.name), "."], tools_dir() / "ferretdb", _go_env()
+        )
+
+    _build_into(binary.parent, build)
+    return binary
 
 
 def kafka() -> Path:
-    return _build_into(artifacts().kafka_lib, lambda out: _mvn_copy("kafka", out))
+    lib = artifacts().kafka_lib
+    _build_into(lib.parent, lambda out: _mvn_copy("kafka", out / "lib"))
+    return lib
 
 
 def connect_plugins() -> Path:

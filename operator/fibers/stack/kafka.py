@@ -14,7 +14,7 @@ import httpx
 
 from fibers.stack import fetch
 from fibers.stack.launcher import Launcher
-from fibers.stack.process import free_port, port_open
+from fibers.stack.process import StackError, free_port, port_open
 
 REQUIRED_PLUGINS = (
     "org.apache.kafka.connect.file.FileStreamSourceConnector",
@@ -42,8 +42,16 @@ def _properties(path: Path, values: dict[str, object]) -> Path:
 
 def _java(lib: Path, home: Path, heap: str, main: str, *args: str) -> list[str]:
     return [
-        "java", f"-Xms128m", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}", "-cp", f"{lib}/*", main, *args,
+        "java",
+        "-Xms128m",
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+        "-cp",
+        f"{lib}/*",
+        main,
+        *args,
     ]
 
 
@@ -62,59 +70,69 @@ def start(launcher: Launcher) -> dict[str, str]:
     broker_port, controller_port, rest_port = free_port(), free_port(), free_port()
     bootstrap = f"127.0.0.1:{broker_port}"
 
-    server = _properties(home / "server.properties", {
-        "process.roles": "broker,controller",
-        "node.id": 1,
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://{bootstrap},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{bootstrap}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": home / "data",
-        "num.partitions": 1,
-        "offsets.topic.replication.factor": 1,
-        "offsets.topic.num.partitions": 3,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
-        "group.initial.rebalance.delay.ms": 0,
-        "auto.create.topics.enable": "true",
-        # Short retention checks let tests age records out of the log (relay fall-off).
-        "log.retention.check.interval.ms": 2000,
-        "log.segment.delete.delay.ms": 1000,
-    })
+    server = _properties(
+        home / "server.properties",
+        {
+            "process.roles": "broker,controller",
+            "node.id": 1,
+            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+            "listeners": f"PLAINTEXT://{bootstrap},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{bootstrap}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": home / "data",
+            "num.partitions": 1,
+            "offsets.topic.replication.factor": 1,
+            "offsets.topic.num.partitions": 3,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+            "group.initial.rebalance.delay.ms": 0,
+            "auto.create.topics.enable": "true",
+            # Short retention checks let tests age records out of the log (relay fall-off).
+            "log.retention.check.interval.ms": 2000,
+            "log.segment.delete.delay.ms": 1000,
+        },
+    )
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-    subprocess.run(_java(lib, home, "256m", "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                         "-c", str(server), "--ignore-formatted"), check=True, capture_output=True)
+    storage = _java(lib, home, "256m", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(server))
+    formatted = subprocess.run(storage, capture_output=True, text=True)
+    if formatted.returncode != 0:
+        raise StackError(f"kafka storage format failed: {formatted.stdout}{formatted.stderr}")
     launcher.spawn("kafka", _java(lib, home, "768m", "kafka.Kafka", str(server)))
     launcher.wait("kafka", lambda: port_open(broker_port), timeout=60)
 
     connect_url = f"http://127.0.0.1:{rest_port}"
-    worker = _properties(home / "connect-distributed.properties", {
-        "bootstrap.servers": bootstrap,
-        "group.id": "fibers-connect",
-        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "key.converter.schemas.enable": "false",
-        "value.converter.schemas.enable": "false",
-        "config.storage.topic": "connect-configs",
-        "config.storage.replication.factor": 1,
-        "offset.storage.topic": "connect-offsets",
-        "offset.storage.replication.factor": 1,
-        "offset.storage.partitions": 1,
-        "status.storage.topic": "connect-status",
-        "status.storage.replication.factor": 1,
-        "status.storage.partitions": 1,
-        "offset.flush.interval.ms": 1000,
-        "listeners": connect_url,
-        "rest.advertised.host.name": "127.0.0.1",
-        "rest.advertised.port": rest_port,
-        "plugin.path": plugins,
-        "scheduled.rebalance.max.delay.ms": 0,
-    })
-    launcher.spawn("kafka-connect", _java(lib, home, "1g", "org.apache.kafka.connect.cli.ConnectDistributed",
-                                          str(worker)))
+    worker = _properties(
+        home / "connect-distributed.properties",
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "fibers-connect",
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable": "false",
+            "value.converter.schemas.enable": "false",
+            "config.storage.topic": "connect-configs",
+            "config.storage.replication.factor": 1,
+            "offset.storage.topic": "connect-offsets",
+            "offset.storage.replication.factor": 1,
+            "offset.storage.partitions": 1,
+            "status.storage.topic": "connect-status",
+            "status.storage.replication.factor": 1,
+            "status.storage.partitions": 1,
+            "offset.flush.interval.ms": 1000,
+            "listeners": connect_url,
+            "rest.advertised.host.name": "127.0.0.1",
+            "rest.advertised.port": rest_port,
+            "plugin.path": plugins,
+            "scheduled.rebalance.max.delay.ms": 0,
+        },
+    )
+    launcher.spawn(
+        "kafka-connect",
+        _java(lib, home, "1g", "org.apache.kafka.connect.cli.ConnectDistributed", str(worker)),
+    )
     launcher.wait("kafka-connect", lambda: _connect_ready(connect_url), timeout=180)
     return {"kafka_bootstrap": bootstrap, "connect_url": connect_url}

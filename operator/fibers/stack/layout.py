@@ -6,6 +6,7 @@ written down exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -81,12 +82,21 @@ class Artifacts:
     spark_kafka_jars: Path
 
 
+def recipe_hash(recipe: str) -> str:
+    """Short hash of a recipe folder under tools/: a changed recipe is a new cache entry."""
+    digest = hashlib.sha256()
+    for path in sorted((tools_dir() / recipe).iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def artifacts() -> Artifacts:
     v, c = versions(), cache_dir()
     return Artifacts(
-        kubernetes_bin=c / "bin" / f"k8s-{v.kubernetes}",
-        ferretdb_bin=c / "bin" / f"ferretdb-{v.ferretdb}" / "ferretdb",
-        kafka_lib=c / f"kafka-{v.kafka}" / "lib",
-        connect_plugins=c / f"connect-plugins-debezium-{v.debezium}",
-        spark_kafka_jars=c / f"spark-kafka-{v.spark}",
+        kubernetes_bin=c / "bin" / f"k8s-{v.kubernetes}-{recipe_hash('k8sbin')}",
+        ferretdb_bin=c / "bin" / f"ferretdb-{v.ferretdb}-{recipe_hash('ferretdb')}" / "ferretdb",
+        kafka_lib=c / f"kafka-{v.kafka}-{recipe_hash('kafka')}" / "lib",
+        connect_plugins=c / f"connect-plugins-debezium-{v.debezium}-{recipe_hash('debezium')}",
+        spark_kafka_jars=c / f"spark-kafka-{v.spark}-{recipe_hash('spark-kafka')}",
     )

@@ -34,9 +34,23 @@ def start(launcher: Launcher) -> dict[str, str]:
         shutil.chown(home, user, user)
         shutil.chown(sockets, user, user)
     subprocess.run(
-        [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync",
-         "-E", "UTF8", "--locale=C"],
-        check=True, capture_output=True, user=user, group=user, extra_groups=[] if user else None,
+        [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ],
+        check=True,
+        capture_output=True,
+        user=user,
+        group=user,
+        extra_groups=[] if user else None,
     )
     port = free_port()
     settings = {
@@ -59,5 +73,7 @@ def start(launcher: Launcher) -> dict[str, str]:
 
 
 def _accepts(bindir: Path, port: int) -> bool:
-    return subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True).returncode
+        == 0
+    )

@@ -39,8 +39,14 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def spawn(argv: list[str], log_file: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None,
-          user: str | None = None) -> int:
+def spawn(
+    argv: list[str],
+    log_file: Path,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
+) -> int:
     """Start a detached server process writing to log_file; returns its pid."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
