@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException
 
@@ -51,3 +51,77 @@ def read_topic(bootstrap: str, topic: str, count: int, *, timeout: float = 60) -
     if len(values) < count:
         raise AssertionError(f"read {len(values)} of {count} records from {topic} in {timeout:.0f}s")
     return values
+
+
+class Resources:
+    """Create, read, patch and wait on fibers.dev objects of one kind in one namespace."""
+
+    def __init__(self, api: Any, plural: str, namespace: str) -> None:
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(api)
+        self.plural, self.namespace = plural, namespace
+        self.kind = {"connects": "Connect", "transforms": "Transform", "databusconsumers": "DatabusConsumer"}[plural]
+
+    def create(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        body = {
+            "apiVersion": "fibers.dev/v1alpha1",
+            "kind": self.kind,
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": spec,
+        }
+        result: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            "fibers.dev", "v1alpha1", self.namespace, self.plural, body
+        )
+        return result
+
+    def get(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            "fibers.dev", "v1alpha1", self.namespace, self.plural, name
+        )
+        return result
+
+    def patch(self, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", self.namespace, self.plural, name, patch)
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", self.namespace, self.plural, name)
+
+    def exists(self, name: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.get(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def condition(self, name: str, type_: str = "Ready") -> dict[str, Any]:
+        for cond in self.status(name).get("conditions") or []:
+            if cond["type"] == type_:
+                return dict(cond)
+        return {}
+
+    def wait_condition(
+        self, name: str, status: str, reason: str | None = None, *, type_: str = "Ready", timeout: float = 60
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            cond = self.condition(name, type_)
+            ok = cond.get("status") == status and (reason is None or cond.get("reason") == reason)
+            return cond if ok else None
+
+        return wait_for(probe, timeout=timeout, what=f"{self.kind} {name} {type_}={status} {reason or ''}")
+
+    def wait_status(
+        self, name: str, check: Callable[[dict[str, Any]], bool], *, timeout: float = 60, what: str = ""
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if check(status) else None
+
+        return wait_for(probe, timeout=timeout, what=what or f"{self.kind} {name} status")

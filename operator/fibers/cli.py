@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 
@@ -35,6 +36,22 @@ def _stack(args: argparse.Namespace) -> int:
     return 1 if dead or not recorded.pids else 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from fibers import controller  # noqa: F401  (registers the handlers)
+
+    if args.connect_url:
+        os.environ["FIBERS_CONNECT_URL"] = args.connect_url
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or [],
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fibers", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -44,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     stack_cmd.add_argument("action", choices=["up", "down", "status", "fetch"])
     stack_cmd.add_argument("components", nargs="*", help="fetch: only these (kubernetes, kafka, …)")
     stack_cmd.set_defaults(func=_stack)
+
+    run_cmd = sub.add_parser("run", help="run the operator")
+    run_cmd.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
+    run_cmd.add_argument("--connect-url", help="default Kafka Connect URL for Connect resources without spec.cluster")
+    run_cmd.add_argument("--liveness", help="serve a liveness probe here, e.g. http://0.0.0.0:8080/healthz")
+    run_cmd.set_defaults(func=_run)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

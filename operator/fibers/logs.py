@@ -13,8 +13,16 @@ from typing import Any
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
+_HIDDEN = {"settings", "k8s_skip"}  # kopf attaches these to every record; they are noise
+
+
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
+    extras = {k: v for k, v in vars(record).items() if k not in _RESERVED | _HIDDEN and not k.startswith("_")}
+    ref = extras.pop("k8s_ref", None)
+    if isinstance(ref, dict):  # kopf's per-object loggers
+        extras.setdefault("namespace", ref.get("namespace"))
+        extras.setdefault("resource", f"{ref.get('kind')}/{ref.get('name')}")
+    return extras
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,3 +55,6 @@ def setup(level: int = logging.INFO, json_lines: bool | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Request lines from HTTP clients are noise at INFO (and may carry URLs we do not want logged).
+    for noisy in ("httpx", "httpcore", "kubernetes.client.rest", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

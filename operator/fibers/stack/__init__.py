@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fibers.stack import ferretdb, fetch, kafka, kube, postgres, process
 from fibers.stack.launcher import Launcher
@@ -43,6 +44,7 @@ class StackInfo:
     mongodb_uri: str = ""
     spark_kafka_jars: str = ""
     pids: dict[str, int] = field(default_factory=dict)
+    commands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def log_dir(self) -> Path:
@@ -104,9 +106,35 @@ def up() -> StackInfo:
         _stop_all(info)
         raise
     info.pids = dict(launcher.pids)
-    _state_file().write_text(json.dumps(asdict(info), indent=2))
+    info.commands = dict(launcher.commands)
+    _save(info)
     log.info("stack up", extra={"seconds": round(time.monotonic() - started, 1), "logs": str(info.log_dir)})
     return info
+
+
+def _save(info: StackInfo) -> None:
+    _state_file().write_text(json.dumps(asdict(info), indent=2))
+
+
+def stop_component(name: str) -> None:
+    """Stop one server of the running stack (tests use this to see the operator cope)."""
+    info = current()
+    if info is None or name not in info.pids:
+        raise KeyError(f"no running stack component {name!r}")
+    process.stop(info.pids[name], STOP_SIGNALS.get(name, signal.SIGTERM))
+
+
+def start_component(name: str, ready: Callable[[], bool], timeout: float = 120) -> None:
+    """Start a stopped server again with the same command line, ports and data."""
+    info = current()
+    if info is None or name not in info.commands:
+        raise KeyError(f"no stack component {name!r}")
+    launcher = Launcher(Path(info.run_dir))
+    command = info.commands[name]
+    launcher.spawn(name, command["argv"], user=command.get("user"))
+    launcher.wait(name, ready, timeout)
+    info.pids[name] = launcher.pids[name]
+    _save(info)
 
 
 def _stop_all(info: StackInfo) -> None:

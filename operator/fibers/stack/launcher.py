@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fibers.stack import process
 
@@ -16,15 +17,17 @@ class Launcher:
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.pids: dict[str, int] = {}
+        self.commands: dict[str, dict[str, Any]] = {}  # enough to start a server again (tests stop/start them)
         self._lock = threading.Lock()
 
     def log_file(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def spawn(self, name: str, argv: list[str], **kwargs: object) -> int:
-        pid = process.spawn(argv, self.log_file(name), **kwargs)  # type: ignore[arg-type]
+    def spawn(self, name: str, argv: list[str], *, user: str | None = None) -> int:
+        pid = process.spawn(argv, self.log_file(name), user=user)
         with self._lock:
             self.pids[name] = pid
+            self.commands[name] = {"argv": argv, "user": user}
         return pid
 
     def wait(self, name: str, ready: Callable[[], bool], timeout: float) -> None:

@@ -1,0 +1,16 @@
+"""Names shared by the CRDs, the operator and the tests."""
+
+from __future__ import annotations
+
+GROUP = "fibers.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+FINALIZER = "fibers.dev/finalizer"
+ANNOTATION_PAUSED = "fibers.dev/paused-reconciliation"
+ANNOTATION_RESTART = "fibers.dev/restart"
+
+
+def object_ref(kind: str, namespace: str, name: str, uid: str) -> dict[str, object]:
+    """The minimal body kopf needs to post an Event about a resource."""
+    return {"apiVersion": API_VERSION, "kind": kind, "metadata": {"namespace": namespace, "name": name, "uid": uid}}

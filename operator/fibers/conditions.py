@@ -1,0 +1,71 @@
+"""kstatus-style conditions (Ready, Reconciling, Stalled) shared by every kind.
+
+A condition's lastTransitionTime moves only when its status changes, so a message that is
+refreshed does not look like a new event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+READY, RECONCILING, STALLED = "Ready", "Reconciling", "Stalled"
+
+
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC, second precision: the form Kubernetes uses for timestamps."""
+    return moment.astimezone(UTC).strftime(_TIME_FORMAT)
+
+
+def parse_time(stamp: str) -> datetime:
+    return datetime.strptime(stamp, _TIME_FORMAT).replace(tzinfo=UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def merge(
+    previous: list[dict[str, Any]] | None, current: list[Condition], generation: int, now: str
+) -> list[dict[str, Any]]:
+    """Render conditions, keeping each one's lastTransitionTime while its status is unchanged."""
+    before = {c.get("type"): c for c in previous or []}
+    rendered = []
+    for cond in current:
+        status = "True" if cond.status else "False"
+        old = before.get(cond.type)
+        since = (
+            old["lastTransitionTime"] if old and old.get("status") == status and "lastTransitionTime" in old else now
+        )
+        rendered.append(
+            {
+                "type": cond.type,
+                "status": status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastTransitionTime": since,
+                "observedGeneration": generation,
+            }
+        )
+    return rendered
+
+
+def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
+    cond = find(conditions, type_)
+    return bool(cond and cond.get("status") == "True")

@@ -1,0 +1,1 @@
+"""The Connect kind: one Kafka Connect connector per resource."""

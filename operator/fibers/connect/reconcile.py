@@ -1,0 +1,305 @@
+"""What to do about one connector, and what to report about it (pure: no I/O).
+
+The order follows Strimzi's connector reconciler: existence, ownership, configuration, state,
+restarts. `decide` picks the steps; `report` turns what was observed and done into a status.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fibers import conditions
+from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
+from fibers.connect.rest import ConnectorView, TaskView
+from fibers.connect.spec import ConnectSpec
+from fibers.redact import redact, truncate
+
+UNASSIGNED_GRACE = timedelta(seconds=30)  # a rebalance moves tasks through UNASSIGNED briefly
+
+
+class Step(enum.Enum):
+    CREATE = "create"
+    UPDATE_CONFIG = "update-config"
+    SET_STATE = "set-state"
+    RESTART = "restart"
+    RESTART_FAILED = "restart-failed"
+
+
+@dataclass
+class Target:
+    """One Connect resource as the operator knows it between syncs."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: ConnectSpec | None
+    config: dict[str, str] = field(default_factory=dict)  # full desired config, secrets included
+    secrets: tuple[str, ...] = ()  # values to keep out of anything we write
+    problem: Condition | None = None  # why the spec cannot be acted on (bad spec, missing Secret)
+    status: dict[str, Any] = field(default_factory=dict)  # last status written
+    paused: bool = False
+    restart_requested: bool = False  # the fibers.dev/restart annotation
+    unassigned_since: datetime | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    @property
+    def owned(self) -> bool:
+        return bool(self.spec and self.status.get("connectorName") == self.spec.connector)
+
+    @property
+    def restarts(self) -> int:
+        return int((self.status.get("autoRestart") or {}).get("count", 0))
+
+    def last_restart(self) -> datetime | None:
+        stamp = (self.status.get("autoRestart") or {}).get("lastRestartTime")
+        return parse_time(stamp) if stamp else None
+
+
+@dataclass
+class Outcome:
+    """What the executor did and what went wrong, fed back into `report`."""
+
+    done: list[Step] = field(default_factory=list)
+    failed: Step | None = None
+    error: str = ""
+    rejected: bool = False  # Kafka Connect refused the request itself (4xx other than 409)
+    topics: list[str] | None = None
+
+
+def failed_tasks(view: ConnectorView) -> list[TaskView]:
+    return [t for t in view.tasks if t.state == "FAILED"]
+
+
+def is_failing(view: ConnectorView) -> bool:
+    return view.state == "FAILED" or bool(failed_tasks(view))
+
+
+def next_auto_restart(target: Target, now: datetime) -> datetime:
+    assert target.spec is not None
+    last = target.last_restart()
+    if last is None:
+        return now
+    return last + timedelta(seconds=target.spec.auto_restart.delay(target.restarts))
+
+
+def decide(target: Target, observed: ConnectorView | None, now: datetime) -> list[Step]:
+    spec = target.spec
+    if spec is None or target.problem or target.paused:
+        return []
+    if observed is None:
+        return [Step.CREATE]
+    if not target.owned:
+        return []  # someone else's connector: never touch it
+    steps = []
+    if observed.config != target.config:
+        steps.append(Step.UPDATE_CONFIG)
+    desired = spec.connect_state
+    settling = observed.state == "UNASSIGNED" or (observed.state == "FAILED" and desired == "RUNNING")
+    if observed.state != desired and not settling:
+        steps.append(Step.SET_STATE)
+    if (spec.restart_nonce and spec.restart_nonce != target.status.get("lastRestartNonce")) or target.restart_requested:
+        steps.append(Step.RESTART)
+    elif (
+        desired == "RUNNING"
+        and spec.auto_restart.enabled
+        and is_failing(observed)
+        and not spec.auto_restart.exhausted(target.restarts)
+        and now >= next_auto_restart(target, now)
+    ):
+        steps.append(Step.RESTART_FAILED)
+    return steps
+
+
+def _first_line(trace: str, secrets: tuple[str, ...]) -> str:
+    return redact(trace.strip().splitlines()[0] if trace.strip() else "no trace", secrets)
+
+
+def _task_status(task: TaskView, secrets: tuple[str, ...]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": task.id, "state": task.state, "workerId": task.worker_id}
+    if task.trace:
+        entry["trace"] = truncate(redact(task.trace, secrets), 2048)
+    return entry
+
+
+def _auto_restart_status(
+    target: Target, observed: ConnectorView | None, outcome: Outcome, now: datetime
+) -> dict[str, Any]:
+    spec = target.spec
+    assert spec is not None
+    count, last = target.restarts, target.last_restart()
+    if Step.RESTART_FAILED in outcome.done:
+        count, last = count + 1, now
+    healthy = observed is not None and not is_failing(observed) and observed.state != "UNASSIGNED"
+    if healthy and last and now - last >= timedelta(seconds=spec.auto_restart.reset_after_seconds):
+        count, last = 0, None
+    result: dict[str, Any] = {"count": count}
+    if last:
+        result["lastRestartTime"] = format_time(last)
+    failing = observed is not None and is_failing(observed)
+    if (
+        failing
+        and spec.auto_restart.enabled
+        and not spec.auto_restart.exhausted(count)
+        and spec.connect_state == "RUNNING"
+    ):
+        due = last + timedelta(seconds=spec.auto_restart.delay(count)) if last else now
+        result["nextRestartTime"] = format_time(max(due, now))
+    return result
+
+
+def _ready(
+    target: Target, observed: ConnectorView | None, outcome: Outcome, now: datetime
+) -> tuple[list[Condition], str]:
+    """Ready / Reconciling / Stalled and the phase, from what was observed and done."""
+    spec = target.spec
+    secrets = target.secrets
+
+    def stalled(reason: str, message: str) -> tuple[list[Condition], str]:
+        return [
+            Condition(READY, False, reason, message),
+            Condition(RECONCILING, False, reason, message),
+            Condition(STALLED, True, reason, message),
+        ], "Failed"
+
+    def progressing(reason: str, message: str, phase: str = "Pending") -> tuple[list[Condition], str]:
+        return [
+            Condition(READY, False, reason, message),
+            Condition(RECONCILING, True, reason, message),
+            Condition(STALLED, False, reason, message),
+        ], phase
+
+    if target.problem:
+        return stalled(target.problem.reason, target.problem.message)
+    assert spec is not None
+    if outcome.failed and outcome.rejected:
+        return stalled(
+            "ConnectRejected", f"Kafka Connect refused to {outcome.failed.value}: {redact(outcome.error, secrets)}"
+        )
+    if observed is None:
+        if outcome.failed:
+            return progressing("ConnectError", f"could not create the connector: {redact(outcome.error, secrets)}")
+        return progressing("Creating", f"creating connector {spec.connector}")
+    if not target.owned:
+        return stalled(
+            "ConnectorNotOwned",
+            f"connector {spec.connector} already exists on {spec.cluster} and was not created by this resource; "
+            "it is left untouched. Delete it, or choose another connectorName.",
+        )
+    paused_note = Condition(
+        RECONCILING,
+        False,
+        "ReconciliationPaused",
+        "reconciliation is paused by the fibers.dev/paused-reconciliation annotation",
+    )
+    failing = is_failing(observed)
+    if failing:
+        if observed.state == "FAILED":
+            message = f"connector failed on {observed.worker_id}: {_first_line(observed.trace, secrets)}"
+        else:
+            message = "; ".join(
+                f"task {t.id} FAILED on {t.worker_id}: {_first_line(t.trace, secrets)}" for t in failed_tasks(observed)
+            )
+        reason = "ConnectorFailed" if observed.state == "FAILED" else "TasksFailed"
+        if (
+            spec.auto_restart.enabled
+            and spec.auto_restart.exhausted(target.restarts)
+            and spec.connect_state == "RUNNING"
+        ):
+            return stalled("AutoRestartExhausted", f"{message} (gave up after {target.restarts} automatic restarts)")
+        restarting = spec.auto_restart.enabled and spec.connect_state == "RUNNING"
+        conds = [
+            Condition(READY, False, reason, message),
+            Condition(RECONCILING, restarting, "AutoRestarting" if restarting else reason, message),
+            Condition(STALLED, not restarting, reason, message),
+        ]
+        if target.paused:
+            conds[1] = paused_note
+        return conds, "Failed"
+
+    desired = spec.connect_state
+    pending = [s for s in outcome.done if s in (Step.CREATE, Step.UPDATE_CONFIG, Step.SET_STATE, Step.RESTART)]
+    if observed.state != desired:
+        if target.paused:
+            return [
+                Condition(READY, False, "StateMismatch", f"connector is {observed.state}, spec wants {desired}"),
+                paused_note,
+                Condition(STALLED, False, "ReconciliationPaused", ""),
+            ], observed.state.capitalize()
+        return progressing("StateTransition", f"moving connector from {observed.state} to {desired}")
+    unassigned = [t for t in observed.tasks if t.state == "UNASSIGNED"]
+    if desired == "RUNNING" and (unassigned or not observed.tasks):
+        target.unassigned_since = target.unassigned_since or now
+        was_ready = conditions.is_true(target.status.get("conditions"), READY)
+        if was_ready and now - target.unassigned_since < UNASSIGNED_GRACE:
+            return [
+                Condition(READY, True, "Running", "tasks are being reassigned (rebalance)"),
+                Condition(RECONCILING, True, "Rebalancing", "tasks are being reassigned"),
+                Condition(STALLED, False, "Running", ""),
+            ], "Running"
+        waited = now - target.unassigned_since
+        reason = "TasksUnassigned" if waited >= UNASSIGNED_GRACE else "Starting"
+        return progressing(reason, f"{len(unassigned) or 'no'} task(s) not assigned yet")
+    target.unassigned_since = None
+    if pending or observed.config != target.config:
+        return progressing(
+            "Updating",
+            f"applied {', '.join(s.value for s in pending) or 'changes'}; waiting to verify",
+            phase=observed.state.capitalize(),
+        )
+    phase = {"RUNNING": "Running", "PAUSED": "Paused", "STOPPED": "Stopped"}[desired]
+    reconciling = paused_note if target.paused else Condition(RECONCILING, False, phase, "")
+    return [
+        Condition(READY, True, phase, f"connector is {desired}"),
+        reconciling,
+        Condition(STALLED, False, phase, ""),
+    ], phase
+
+
+def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now: datetime) -> dict[str, Any]:
+    """The full status to write for this target."""
+    conds, phase = _ready(target, observed, outcome, now)
+    status: dict[str, Any] = {
+        "observedGeneration": target.generation,
+        "phase": phase,
+        "conditions": conditions.merge(target.status.get("conditions"), conds, target.generation, format_time(now)),
+        "lastSyncTime": format_time(now),
+    }
+    spec = target.spec
+    if spec is None:
+        return status
+    status["cluster"] = redact(spec.cluster, ())
+    if target.status.get("connectorName"):
+        status["connectorName"] = target.status["connectorName"]
+    if Step.CREATE in outcome.done or Step.RESTART in outcome.done:
+        if spec.restart_nonce:
+            status["lastRestartNonce"] = spec.restart_nonce
+    elif target.status.get("lastRestartNonce"):
+        status["lastRestartNonce"] = target.status["lastRestartNonce"]
+    if observed is not None and target.owned:
+        running = sum(t.state == "RUNNING" for t in observed.tasks)
+        status.update(
+            {
+                "connectorState": observed.state,
+                "workerId": observed.worker_id,
+                "runningTasks": running,
+                "tasksReady": f"{running}/{len(observed.tasks)}",
+                "tasks": [_task_status(t, target.secrets) for t in observed.tasks],
+            }
+        )
+        status["autoRestart"] = _auto_restart_status(target, observed, outcome, now)
+    topics = outcome.topics if outcome.topics is not None else target.status.get("topics")
+    if topics:
+        status["topics"] = topics
+    return status
+
+
+def significant(status: dict[str, Any]) -> dict[str, Any]:
+    """The part of a status whose change is worth a write (lastSyncTime alone is not)."""
+    return {k: v for k, v in status.items() if k != "lastSyncTime"}

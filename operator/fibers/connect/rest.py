@@ -1,0 +1,135 @@
+"""Kafka Connect REST API client (async, one per Connect cluster).
+
+Only what the operator needs. Writes answer 202 before the change happens: callers verify the
+outcome on a later read, never by the status code alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from fibers.redact import redact
+
+
+class ConnectError(Exception):
+    """Kafka Connect answered with an error."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"{status_code}: {message}")
+        self.status_code = status_code
+        self.message = message
+
+    @property
+    def rebalancing(self) -> bool:
+        """409: the workers are rebalancing; the same call can be retried shortly."""
+        return self.status_code == 409
+
+
+class ConnectUnreachable(Exception):
+    """No answer from Kafka Connect at all."""
+
+
+@dataclass(frozen=True)
+class TaskView:
+    id: int
+    state: str
+    worker_id: str = ""
+    trace: str = ""
+
+
+@dataclass(frozen=True)
+class ConnectorView:
+    """One connector as the expanded listing shows it."""
+
+    name: str
+    config: dict[str, str]
+    state: str
+    worker_id: str = ""
+    trace: str = ""
+    type: str = ""
+    tasks: tuple[TaskView, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_listing(cls, name: str, entry: dict[str, Any]) -> ConnectorView:
+        info, status = entry.get("info") or {}, entry.get("status") or {}
+        connector = status.get("connector") or {}
+        return cls(
+            name=name,
+            config={k: str(v) for k, v in (info.get("config") or {}).items()},
+            state=connector.get("state", "UNASSIGNED"),
+            worker_id=connector.get("worker_id", ""),
+            trace=connector.get("trace", ""),
+            type=status.get("type") or info.get("type") or "",
+            tasks=tuple(
+                TaskView(t["id"], t.get("state", "UNASSIGNED"), t.get("worker_id", ""), t.get("trace", ""))
+                for t in sorted(status.get("tasks") or [], key=lambda t: t["id"])
+            ),
+        )
+
+
+class ConnectClient:
+    def __init__(self, url: str, *, timeout: float = 15.0, http: httpx.AsyncClient | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self.calls = 0  # REST calls made, for metrics and the benchmark
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        self.calls += 1
+        try:
+            response = await self._http.request(method, f"{self.url}{path}", **kwargs)
+        except httpx.HTTPError as exc:
+            raise ConnectUnreachable(redact(f"cannot reach Kafka Connect at {self.url}: {exc!r}", [])) from None
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("message") or response.text
+            except ValueError:
+                message = response.text
+            raise ConnectError(response.status_code, message)
+        return response
+
+    async def list_expanded(self) -> dict[str, ConnectorView]:
+        """Every connector with its config and status, in ONE call."""
+        response = await self._request("GET", "/connectors", params=[("expand", "status"), ("expand", "info")])
+        return {name: ConnectorView.from_listing(name, entry) for name, entry in response.json().items()}
+
+    async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:
+        await self._request(
+            "POST", "/connectors", json={"name": name, "config": config, "initial_state": initial_state}
+        )
+
+    async def put_config(self, name: str, config: dict[str, str]) -> None:
+        await self._request("PUT", f"/connectors/{name}/config", json=config)
+
+    async def set_state(self, name: str, state: str) -> None:
+        verb = {"RUNNING": "resume", "PAUSED": "pause", "STOPPED": "stop"}[state]
+        await self._request("PUT", f"/connectors/{name}/{verb}")
+
+    async def restart(self, name: str, *, only_failed: bool) -> None:
+        params = {"includeTasks": "true", "onlyFailed": "true" if only_failed else "false"}
+        await self._request("POST", f"/connectors/{name}/restart", params=params)
+
+    async def topics(self, name: str) -> list[str]:
+        response = await self._request("GET", f"/connectors/{name}/topics")
+        return sorted((response.json().get(name) or {}).get("topics") or [])
+
+    async def delete(self, name: str) -> None:
+        try:
+            await self._request("DELETE", f"/connectors/{name}")
+        except ConnectError as exc:
+            if exc.status_code != 404:
+                raise
+
+    async def exists(self, name: str) -> bool:
+        try:
+            await self._request("GET", f"/connectors/{name}")
+        except ConnectError as exc:
+            if exc.status_code == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,108 @@
+"""The desired connector, read from a Connect resource (pure: no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PLURAL = "connects"
+KIND = "Connect"
+
+# spec.state → the state Kafka Connect reports once it is reached.
+CONNECT_STATES = {"running": "RUNNING", "paused": "PAUSED", "stopped": "STOPPED"}
+
+
+class SpecError(ValueError):
+    """The spec cannot be acted on; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class AutoRestartPolicy:
+    enabled: bool = True
+    max_restarts: int | None = None
+    backoff_seconds: int = 60
+    max_backoff_seconds: int = 1800
+    reset_after_seconds: int = 600
+
+    def delay(self, restarts_made: int) -> int:
+        """Seconds to wait after the last restart before the next one: 0, 2b, 6b, 12b, … capped."""
+        return min(self.backoff_seconds * restarts_made * (restarts_made + 1), self.max_backoff_seconds)
+
+    def exhausted(self, restarts_made: int) -> bool:
+        return self.max_restarts is not None and restarts_made >= self.max_restarts
+
+
+@dataclass(frozen=True)
+class ConnectSpec:
+    cluster: str
+    connector: str
+    connector_class: str
+    tasks_max: int
+    config: dict[str, str]
+    secret_refs: dict[str, SecretRef] = field(default_factory=dict)
+    state: str = "running"
+    restart_nonce: str | None = None
+    auto_restart: AutoRestartPolicy = AutoRestartPolicy()
+
+    @property
+    def connect_state(self) -> str:
+        return CONNECT_STATES[self.state]
+
+    def full_config(self, secret_values: dict[str, str]) -> dict[str, str]:
+        """The configuration Kafka Connect is given: user config, secrets, and the fields we own."""
+        return {
+            **self.config,
+            **secret_values,
+            "name": self.connector,
+            "connector.class": self.connector_class,
+            "tasks.max": str(self.tasks_max),
+        }
+
+
+def config_value(value: Any) -> str:
+    """Kafka Connect stores every value as a string; render ours the way it will compare."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise SpecError(f"config values must be strings or numbers, not {type(value).__name__}")
+
+
+def parse(spec: dict[str, Any], name: str, default_cluster: str | None) -> ConnectSpec:
+    cluster = spec.get("cluster") or default_cluster
+    if not cluster:
+        raise SpecError("spec.cluster is not set and the operator has no default Connect URL (connect.defaultUrl)")
+    config = {}
+    for key, value in (spec.get("config") or {}).items():
+        try:
+            config[key] = config_value(value)
+        except SpecError as exc:
+            raise SpecError(f"spec.config.{key}: {exc}") from None
+    refs = {
+        key: SecretRef(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
+        for key, ref in (spec.get("secretConfig") or {}).items()
+    }
+    restart = spec.get("autoRestart") or {}
+    return ConnectSpec(
+        cluster=cluster.rstrip("/"),
+        connector=spec.get("connectorName") or name,
+        connector_class=spec["class"],
+        tasks_max=int(spec.get("tasksMax", 1)),
+        config=config,
+        secret_refs=refs,
+        state=spec.get("state", "running"),
+        restart_nonce=spec.get("restartNonce") or None,
+        auto_restart=AutoRestartPolicy(
+            enabled=bool(restart.get("enabled", True)),
+            max_restarts=restart.get("maxRestarts"),
+            backoff_seconds=int(restart.get("backoffSeconds", 60)),
+            max_backoff_seconds=int(restart.get("maxBackoffSeconds", 1800)),
+            reset_after_seconds=int(restart.get("resetAfterSeconds", 600)),
+        ),
+    )

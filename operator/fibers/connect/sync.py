@@ -1,0 +1,338 @@
+"""The Connect reconciler: one loop per operator, one listing call per Connect cluster per interval.
+
+kopf handlers only register what each resource wants (`apply`, `forget`). This loop reads every
+connector of a cluster with ONE `GET /connectors?expand=status&expand=info`, decides per resource
+what to change (see `reconcile.decide`), makes only those calls, and writes a status only when
+it changed. While anything is converging it polls at the fast interval; at rest it makes one call
+per cluster per interval, whatever the number of connectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from fibers import conditions
+from fibers.api import ANNOTATION_PAUSED, ANNOTATION_RESTART, object_ref
+from fibers.conditions import READY, Condition, utcnow
+from fibers.connect import reconcile
+from fibers.connect.reconcile import Outcome, Step, Target
+from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
+from fibers.connect.spec import KIND, PLURAL, SpecError, parse
+from fibers.kube import Kube, SecretMissing
+from fibers.redact import redact
+
+log = logging.getLogger("fibers.connect")
+
+# Ready=False reasons worth a Warning event (the others are progress: Creating, Starting, …).
+FAILURE_REASONS = frozenset(
+    {
+        "ConnectUnreachable",
+        "ConnectRejected",
+        "ConnectorNotOwned",
+        "ConnectorFailed",
+        "TasksFailed",
+        "TasksUnassigned",
+        "AutoRestartExhausted",
+        "InvalidSpec",
+        "SecretNotFound",
+    }
+)
+
+
+@dataclass
+class SyncSettings:
+    interval: float = 10.0  # at rest: one listing per cluster per interval
+    fast_interval: float = 1.0  # while some connector is converging
+    status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
+    parallel_calls: int = 16  # concurrent write calls to one Connect cluster
+    topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
+    default_cluster: str | None = None
+
+
+class ConnectSync:
+    def __init__(self, kube: Kube, settings: SyncSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.targets: dict[tuple[str, str], Target] = {}
+        self.clients: dict[str, ConnectClient] = {}
+        self._converging: set[str] = set()
+        self._last_sync: dict[str, float] = {}
+        self._written: dict[tuple[str, str], float] = {}
+        self._wake = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ----- registration, from kopf handlers -------------------------------------------------------
+
+    async def apply(self, body: kopf.Body) -> None:
+        """Record what one resource wants and wake the loop; no call to Connect here."""
+        meta, namespace, name = body["metadata"], body["metadata"]["namespace"], body["metadata"]["name"]
+        annotations = meta.get("annotations") or {}
+        previous = self.targets.get((namespace, name))
+        target = Target(
+            namespace=namespace,
+            name=name,
+            uid=meta["uid"],
+            generation=int(meta.get("generation", 0)),
+            spec=None,
+            status=previous.status if previous else dict(body.get("status") or {}),
+            paused=annotations.get(ANNOTATION_PAUSED) == "true",
+            restart_requested=ANNOTATION_RESTART in annotations,
+            unassigned_since=previous.unassigned_since if previous else None,
+        )
+        try:
+            target.spec = parse(dict(body.get("spec") or {}), name, self.settings.default_cluster)
+            await self._resolve_secrets(target)
+        except SpecError as exc:
+            target.problem = Condition(READY, False, "InvalidSpec", str(exc))
+        self.targets[target.key] = target
+        self.nudge(target)
+
+    async def _resolve_secrets(self, target: Target) -> None:
+        assert target.spec is not None
+        values: dict[str, str] = {}
+        try:
+            for key, ref in target.spec.secret_refs.items():
+                values[key] = await self.kube.secret_value(target.namespace, ref.name, ref.key)
+        except SecretMissing as exc:
+            target.problem = Condition(READY, False, "SecretNotFound", f"{exc}; create it and the connector follows")
+            return
+        target.problem = None
+        target.secrets = tuple(values.values())
+        target.config = target.spec.full_config(values)
+
+    async def forget(self, body: kopf.Body) -> None:
+        """The resource is being deleted: delete its connector, but only one it owns."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        target = self.targets.pop((namespace, name), None)
+        status = dict(body.get("status") or {})
+        owned = status.get("connectorName")
+        cluster = status.get("cluster") or (target.spec.cluster if target and target.spec else None)
+        if not owned or not cluster:
+            log.info("nothing to delete on Kafka Connect", extra={"namespace": namespace, "resource": name})
+            return
+        client = self._client(cluster)
+        try:
+            await client.delete(owned)
+            deadline = time.monotonic() + 30
+            while await client.exists(owned):
+                if time.monotonic() > deadline:
+                    raise kopf.TemporaryError(f"connector {owned} still present after DELETE", delay=5)
+                await asyncio.sleep(0.5)
+        except (ConnectUnreachable, ConnectError) as exc:
+            # Keep the finalizer: deleting the resource without its connector would orphan it.
+            raise kopf.TemporaryError(f"cannot delete connector {owned}: {exc}", delay=10) from None
+        log.info("connector deleted", extra={"namespace": namespace, "resource": name, "connector": owned})
+
+    def nudge(self, target: Target) -> None:
+        if target.spec:
+            self._converging.add(target.spec.cluster)
+        self._wake.set()
+
+    # ----- the loop ------------------------------------------------------------------------------
+
+    def _client(self, cluster: str) -> ConnectClient:
+        if cluster not in self.clients:
+            self.clients[cluster] = ConnectClient(cluster)
+        return self.clients[cluster]
+
+    def _by_cluster(self) -> dict[str, list[Target]]:
+        groups: dict[str, list[Target]] = defaultdict(list)
+        for target in self.targets.values():
+            if target.spec:
+                groups[target.spec.cluster].append(target)
+        return groups
+
+    def _interval(self, cluster: str) -> float:
+        return self.settings.fast_interval if cluster in self._converging else self.settings.interval
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("Connect sync failed; retrying")
+                await asyncio.sleep(self.settings.fast_interval)
+
+    async def _tick(self) -> None:
+        """Sync the clusters that are due, then sleep until the next is due or something changes."""
+        groups = self._by_cluster()
+        now = time.monotonic()
+        due = [c for c in groups if now - self._last_sync.get(c, 0) >= self._interval(c)]
+        if due:
+            await asyncio.gather(*(self._sync_cluster(c, groups[c]) for c in due))
+        await self._resolve_unresolved()
+        await self._report_unplaced()
+        now = time.monotonic()
+        waits = [self._last_sync.get(c, 0) + self._interval(c) - now for c in groups]
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=max(0.2, min(waits, default=self.settings.interval)))
+            await asyncio.sleep(0.2)  # coalesce bursts of applies into one sync
+        except TimeoutError:
+            pass
+
+    async def _resolve_unresolved(self) -> None:
+        """Secrets are re-read while missing, so creating the Secret later is enough."""
+        for target in list(self.targets.values()):
+            if target.spec and target.problem and target.problem.reason == "SecretNotFound":
+                await self._resolve_secrets(target)
+                if not target.problem:
+                    self.nudge(target)
+
+    async def _report_unplaced(self) -> None:
+        """Resources the loop cannot sync (invalid spec) still get a status saying why."""
+        for target in list(self.targets.values()):
+            if target.spec is None:
+                await self._publish(target, reconcile.report(target, None, Outcome(), utcnow()))
+
+    async def _sync_cluster(self, cluster: str, targets: list[Target]) -> None:
+        client = self._client(cluster)
+        self._last_sync[cluster] = time.monotonic()
+        try:
+            listing = await client.list_expanded()
+        except (ConnectUnreachable, ConnectError) as exc:
+            message = redact(str(exc), ())
+            log.warning("Kafka Connect unreachable", extra={"cluster": redact(cluster, ()), "error": message})
+            for target in targets:
+                await self._publish(target, self._unreachable_status(target, message))
+            self._converging.add(cluster)
+            return
+        gate = asyncio.Semaphore(self.settings.parallel_calls)
+        refresh_budget = [self.settings.topic_refreshes]
+
+        async def one(target: Target) -> bool:
+            async with gate:
+                return await self._reconcile(client, target, listing, refresh_budget)
+
+        settled = await asyncio.gather(*(one(t) for t in targets if self.targets.get(t.key) is t))
+        if all(settled):
+            self._converging.discard(cluster)
+        else:
+            self._converging.add(cluster)
+
+    def _unreachable_status(self, target: Target, message: str) -> dict[str, Any]:
+        now = utcnow()
+        conds = [
+            Condition(READY, False, "ConnectUnreachable", message),
+            Condition(conditions.RECONCILING, True, "ConnectUnreachable", "retrying"),
+            Condition(conditions.STALLED, False, "ConnectUnreachable", ""),
+        ]
+        status = dict(target.status)
+        status.update(
+            observedGeneration=target.generation,
+            phase="Unknown",
+            conditions=conditions.merge(
+                target.status.get("conditions"), conds, target.generation, conditions.format_time(now)
+            ),
+            lastSyncTime=conditions.format_time(now),
+        )
+        return status
+
+    async def _reconcile(
+        self, client: ConnectClient, target: Target, listing: dict[str, ConnectorView], refresh_budget: list[int]
+    ) -> bool:
+        """Act on one resource; True when it needs no further attention now."""
+        assert target.spec is not None
+        spec = target.spec
+        observed = listing.get(spec.connector)
+        now = utcnow()
+        steps = reconcile.decide(target, observed, now)
+        outcome = Outcome()
+        for step in steps:
+            try:
+                await self._execute(client, target, step)
+            except ConnectError as exc:
+                outcome.failed, outcome.error = step, exc.message
+                outcome.rejected = 400 <= exc.status_code < 500 and not exc.rebalancing and exc.status_code != 404
+                break
+            except ConnectUnreachable as exc:
+                outcome.failed, outcome.error = step, str(exc)
+                break
+            outcome.done.append(step)
+        if observed and target.owned and (steps or not target.status.get("topics")) and refresh_budget[0] > 0:
+            refresh_budget[0] -= 1
+            try:
+                outcome.topics = await client.topics(spec.connector)
+            except (ConnectError, ConnectUnreachable):
+                outcome.topics = None
+        status = reconcile.report(target, observed, outcome, now)
+        await self._publish(target, status)
+        if Step.RESTART in outcome.done and target.restart_requested:
+            target.restart_requested = False
+            await self.kube.remove_annotation(PLURAL, target.namespace, target.name, ANNOTATION_RESTART)
+        # Settled: nothing was done and nothing is in flight. A connector waiting out its restart
+        # backoff is settled too; the normal interval is precise enough for that.
+        reconciling = conditions.find(status["conditions"], conditions.RECONCILING) or {}
+        return not steps and (reconciling.get("status") != "True" or reconciling.get("reason") == "AutoRestarting")
+
+    async def _execute(self, client: ConnectClient, target: Target, step: Step) -> None:
+        spec = target.spec
+        assert spec is not None
+        ctx = {"namespace": target.namespace, "resource": target.name, "connector": spec.connector}
+        if step is Step.CREATE:
+            if not target.owned:
+                # Write-ahead: claim the name in status before creating, so a crash in between
+                # leaves a claim we recognise rather than a connector we would refuse to touch.
+                claimed = {**target.status, "connectorName": spec.connector, "cluster": spec.cluster}
+                await self.kube.replace_status(PLURAL, target.namespace, target.name, claimed, target.status)
+                target.status = claimed
+            await client.create(spec.connector, target.config, spec.connect_state)
+            log.info("connector created", extra={**ctx, "state": spec.connect_state})
+            self._event(target, "Created", f"created connector {spec.connector} ({spec.connect_state})")
+        elif step is Step.UPDATE_CONFIG:
+            await client.put_config(spec.connector, target.config)
+            log.info("connector config updated", extra=ctx)
+            self._event(target, "ConfigUpdated", "connector configuration updated to match the spec")
+        elif step is Step.SET_STATE:
+            await client.set_state(spec.connector, spec.connect_state)
+            log.info("connector state requested", extra={**ctx, "state": spec.connect_state})
+        elif step is Step.RESTART:
+            await client.restart(spec.connector, only_failed=False)
+            log.info("connector restarted on request", extra=ctx)
+            self._event(target, "Restarted", "connector and tasks restarted on request")
+        elif step is Step.RESTART_FAILED:
+            await client.restart(spec.connector, only_failed=True)
+            log.warning("failed connector or tasks restarted", extra={**ctx, "restarts": target.restarts + 1})
+            self._event(target, "AutoRestarted", f"automatic restart #{target.restarts + 1}", warning=True)
+
+    def _event(self, target: Target, reason: str, message: str, *, warning: bool = False) -> None:
+        """Post an Event without holding up the sync."""
+        ref = object_ref(KIND, target.namespace, target.name, target.uid)
+        task = asyncio.create_task(self.kube.post_event(ref, reason, redact(message, target.secrets), warning=warning))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _publish(self, target: Target, status: dict[str, Any]) -> None:
+        """Write the status if it changed (or the heartbeat is due), and post an Event on Ready flips."""
+        if self.targets.get(target.key) is not target:
+            return  # forgotten (deleted) or replaced meanwhile
+        unchanged = reconcile.significant(status) == reconcile.significant(target.status)
+        heartbeat_due = time.monotonic() - self._written.get(target.key, 0) > self.settings.status_heartbeat
+        if unchanged and not heartbeat_due:
+            return
+        before = conditions.find(target.status.get("conditions"), READY) or {}
+        after = conditions.find(status.get("conditions"), READY) or {}
+        await self.kube.replace_status(PLURAL, target.namespace, target.name, status, target.status)
+        target.status = status
+        self._written[target.key] = time.monotonic()
+        if (before.get("status"), before.get("reason")) != (after.get("status"), after.get("reason")):
+            ctx = {"namespace": target.namespace, "resource": target.name, "reason": after.get("reason")}
+            if after.get("status") == "True":
+                log.info("ready", extra=ctx)
+                self._event(target, "Ready", after.get("message", ""))
+            elif after.get("reason") in FAILURE_REASONS:
+                log.warning("not ready: %s", after.get("message", ""), extra=ctx)
+                self._event(target, after.get("reason", "NotReady"), after.get("message", ""), warning=True)
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()

@@ -1,0 +1,52 @@
+"""The operator process: kopf settings, shared clients, and every kind's handlers.
+
+`fibers run` starts it. Importing this module registers the handlers with kopf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from fibers.api import FINALIZER
+from fibers.connect import handlers as _connect_handlers  # noqa: F401  (registers handlers)
+from fibers.connect.sync import ConnectSync, SyncSettings
+from fibers.kube import Kube, load_client
+
+log = logging.getLogger("fibers.operator")
+
+
+def settings_from_env() -> SyncSettings:
+    return SyncSettings(
+        interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", "10")),
+        fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "1")),
+        default_cluster=os.environ.get("FIBERS_CONNECT_URL") or None,
+    )
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.fibers.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.fibers.dev", key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    kube = Kube(load_client())
+    memo.kube = kube
+    memo.connect = ConnectSync(kube, settings_from_env())
+    memo.connect_task = asyncio.create_task(memo.connect.run(), name="connect-sync")
+    log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    memo.connect_task.cancel()
+    await asyncio.gather(memo.connect_task, return_exceptions=True)
+    await memo.connect.aclose()

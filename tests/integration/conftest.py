@@ -1,0 +1,131 @@
+"""Fixtures for operator tests: CRDs installed, a namespace, and the operator as a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from fibers.stack import StackInfo
+from tests.helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def crds(kube: ApiClient) -> None:
+    """Install (or update) every CRD in crds/ and wait until each is served."""
+    ext = client.ApiextensionsV1Api(kube)
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        name = body["metadata"]["name"]
+        try:
+            current = ext.read_custom_resource_definition(name)
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(name, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            ext.create_custom_resource_definition(body)
+        wait_for(
+            lambda n=name: any(
+                c.type == "Established" and c.status == "True"
+                for c in ext.read_custom_resource_definition(n).status.conditions or []
+            ),
+            timeout=30,
+            what=f"CRD {name} established",
+        )
+
+
+@pytest.fixture(scope="module")
+def namespace(kube: ApiClient, crds: None) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(kube)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+class OperatorProcess:
+    """`fibers run` as a subprocess watching one namespace, with its log kept in a file."""
+
+    def __init__(self, stack: StackInfo, namespace: str, log_file: Path, env: dict[str, str]) -> None:
+        self.stack, self.namespace, self.log_file = stack, namespace, log_file
+        self.env = {**os.environ, **stack.env(), **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_file, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fibers", "run", "-n", self.namespace],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+@pytest.fixture(scope="module")
+def operator(
+    stack_info: StackInfo, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    log_file = tmp_path_factory.mktemp("operator") / "operator.log"
+    env = {"FIBERS_CONNECT_SYNC_INTERVAL": "2", "FIBERS_CONNECT_FAST_INTERVAL": "0.5"}
+    op = OperatorProcess(stack_info, namespace, log_file, env)
+    op.start()
+    time.sleep(1)
+    yield op
+    _delete_all(op, stack_info, namespace)
+    op.stop()
+
+
+def _delete_all(op: OperatorProcess, stack: StackInfo, namespace: str) -> None:
+    """Delete this module's resources while the operator still runs, so finalizers complete."""
+    if op.proc is None or op.proc.poll() is not None:
+        op.start()
+    custom = client.CustomObjectsApi(config.new_client_from_config(config_file=stack.kubeconfig))
+    for plural in ("connects",):
+        for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural)["items"]:
+            try:
+                custom.delete_namespaced_custom_object(
+                    "fibers.dev", "v1alpha1", namespace, plural, item["metadata"]["name"]
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        wait_for(
+            lambda p=plural: not custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, p)["items"],
+            timeout=60,
+            what=f"{plural} in {namespace} deleted",
+        )

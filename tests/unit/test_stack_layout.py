@@ -1,0 +1,52 @@
+"""The stack reads its versions from the recipes in tools/ and keys the cache by recipe content."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fibers.stack import layout
+
+
+@pytest.fixture
+def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("k8sbin", "ferretdb", "kafka", "debezium", "spark-kafka"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "k8sbin" / "go.mod").write_text(
+        "module x\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 v3.6.5\n\tk8s.io/kubernetes v1.35.4\n)\n"
+    )
+    (tmp_path / "ferretdb" / "go.mod").write_text("module y\n\nrequire github.com/FerretDB/FerretDB v1.24.2\n")
+    (tmp_path / "kafka" / "pom.xml").write_text("<properties><kafka.version>4.1.1</kafka.version></properties>")
+    (tmp_path / "debezium" / "pom.xml").write_text("<debezium.version> 3.3.2.Final </debezium.version>")
+    (tmp_path / "spark-kafka" / "pom.xml").write_text("<spark.version>4.0.0</spark.version>")
+    monkeypatch.setenv("FIBERS_TOOLS_DIR", str(tmp_path))
+    monkeypatch.setenv("FIBERS_CACHE", str(tmp_path / "cache"))
+    layout.versions.cache_clear()
+    yield tmp_path
+    layout.versions.cache_clear()
+
+
+def test_versions_come_from_the_recipes(tools: Path) -> None:
+    assert layout.versions() == layout.Versions(
+        kubernetes="v1.35.4", etcd="v3.6.5", ferretdb="v1.24.2", kafka="4.1.1", debezium="3.3.2.Final", spark="4.0.0"
+    )
+
+
+def test_single_line_require_parses(tools: Path) -> None:
+    assert layout.versions().ferretdb == "v1.24.2"
+
+
+def test_missing_version_is_a_clear_error(tools: Path) -> None:
+    (tools / "kafka" / "pom.xml").write_text("<project/>")
+    with pytest.raises(ValueError, match=r"kafka.version"):
+        layout.versions()
+
+
+def test_a_changed_recipe_is_a_new_cache_entry(tools: Path) -> None:
+    before = layout.artifacts().ferretdb_bin
+    (tools / "ferretdb" / "main.go").write_text("package main\n")
+    after = layout.artifacts().ferretdb_bin
+    assert before != after
+    assert after.parent.name.startswith("ferretdb-v1.24.2-")
+    assert layout.artifacts().kafka_lib == layout.artifacts().kafka_lib  # stable when nothing changed
