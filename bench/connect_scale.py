@@ -1,0 +1,301 @@
+"""Benchmark: N Connect resources through the operator against the REST-API floor.
+
+For each N (100 and 500 by default), in one run on the local stack:
+  floor     — a plain script creates N FileStreamSource connectors straight through the REST API
+              (16 at a time) and waits until every one and its task is RUNNING;
+  operator  — the same N connectors as Connect resources; seconds until every resource is Ready;
+  ratio     — operator / floor (goal ≤ 1.3);
+  calls     — REST calls the operator makes to Connect per sync interval at rest, counted by a
+              proxy in front of Connect, against a per-connector polling loop (the DataFibers
+              design: one status call per connector per interval) measured through the same proxy;
+  rss       — the operator's resident memory with N resources (goal < 150 MiB at 500).
+The last line printed is one JSON object with every figure.
+
+    .venv/bin/python bench/connect_scale.py [--sizes 100,500] [--interval 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from aiohttp import ClientSession, web
+from kubernetes import client, config
+
+from fibers import stack
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class CountingProxy:
+    """Forwards HTTP to Kafka Connect on a loopback port and counts the requests."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.calls: Counter[str] = Counter()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+
+    def start(self) -> str:
+        threading.Thread(target=self._run, daemon=True).start()
+        self._ready.wait(10)
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+        self._loop.run_forever()
+
+    async def _serve(self) -> None:
+        session = ClientSession()
+
+        async def forward(request: web.Request) -> web.Response:
+            self.calls[f"{request.method} {request.path}"] += 1
+            body = await request.read()
+            async with session.request(
+                request.method,
+                f"{self.upstream}{request.path_qs}",
+                data=body or None,
+                headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+            ) as upstream:
+                payload = await upstream.read()
+                return web.Response(status=upstream.status, body=payload, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ready.set()
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def all_running(connect: httpx.Client, names: set[str]) -> bool:
+    listing = connect.get("/connectors", params={"expand": "status"}).json()
+    done = 0
+    for name in names:
+        status = (listing.get(name) or {}).get("status") or {}
+        tasks = status.get("tasks") or []
+        if (
+            (status.get("connector") or {}).get("state") == "RUNNING"
+            and tasks
+            and all(t["state"] == "RUNNING" for t in tasks)
+        ):
+            done += 1
+    return done == len(names)
+
+
+def wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.25)
+
+
+def floor_run(connect: httpx.Client, n: int, source: Path, prefix: str) -> float:
+    names = {f"{prefix}-{i}" for i in range(n)}
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        for response in pool.map(
+            lambda name: connect.post(
+                "/connectors",
+                json={
+                    "name": name,
+                    "config": {
+                        "connector.class": "FileStreamSource",
+                        "tasks.max": "1",
+                        "file": str(source),
+                        "topic": name,
+                    },
+                },
+            ),
+            sorted(names),
+        ):
+            response.raise_for_status()
+    wait(lambda: all_running(connect, names), 900, "floor connectors RUNNING")
+    elapsed = time.monotonic() - started
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda name: connect.delete(f"/connectors/{name}"), names))
+    wait(lambda: not names & set(connect.get("/connectors").json()), 300, "floor connectors deleted")
+    return elapsed
+
+
+def polling_loop_calls(proxy_url: str, names: list[str], proxy: CountingProxy) -> int:
+    """One pass of the DataFibers-style status sync: one GET per connector."""
+    before = proxy.total()
+    with httpx.Client(base_url=proxy_url, timeout=30) as http:
+        for name in names:
+            http.get(f"/connectors/{name}/status")
+    return proxy.total() - before
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def apply_crds(api: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(api)
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        try:
+            ext.create_custom_resource_definition(body)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    time.sleep(2)
+
+
+def ready_count(custom: client.CustomObjectsApi, namespace: str) -> int:
+    items = custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "connects")["items"]
+    return sum(
+        any(c["type"] == "Ready" and c["status"] == "True" for c in (i.get("status") or {}).get("conditions") or [])
+        for i in items
+    )
+
+
+def operator_run(
+    info: stack.StackInfo,
+    api: client.ApiClient,
+    n: int,
+    source: Path,
+    interval: float,
+    proxy: CountingProxy,
+    proxy_url: str,
+    workdir: Path,
+) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    env = {
+        **os.environ,
+        **info.env(),
+        "FIBERS_CONNECT_URL": proxy_url,
+        "FIBERS_CONNECT_SYNC_INTERVAL": str(interval),
+        "FIBERS_CONNECT_FAST_INTERVAL": "1",
+    }
+    log = open(workdir / f"operator-{n}.log", "wb")  # noqa: SIM115
+    op = subprocess.Popen([sys.executable, "-m", "fibers", "run", "-n", namespace], stdout=log, stderr=log, env=env)
+    try:
+        time.sleep(3)
+
+        def body(i: int) -> dict[str, Any]:
+            name = f"c{i}"
+            return {
+                "apiVersion": "fibers.dev/v1alpha1",
+                "kind": "Connect",
+                "metadata": {"name": name},
+                "spec": {
+                    "class": "FileStreamSource",
+                    "connectorName": f"{namespace}-{name}",
+                    "config": {"file": str(source), "topic": f"{namespace}-{name}"},
+                },
+            }
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(
+                pool.map(
+                    lambda i: custom.create_namespaced_custom_object(
+                        "fibers.dev", "v1alpha1", namespace, "connects", body(i)
+                    ),
+                    range(n),
+                )
+            )
+        wait(lambda: ready_count(custom, namespace) == n, 900, "all Connect resources Ready")
+        ready_seconds = time.monotonic() - started
+        say(f"N={n}: all Ready after {ready_seconds:.1f}s; measuring the steady state for 3 intervals")
+        time.sleep(interval * 1.5)  # let the fast interval wind down
+        before, t0 = proxy.total(), time.monotonic()
+        time.sleep(interval * 3)
+        steady = (proxy.total() - before) / ((time.monotonic() - t0) / interval)
+        rss = rss_mib(op.pid)
+        names = [f"{namespace}-c{i}" for i in range(n)]
+        polling = polling_loop_calls(proxy_url, names, proxy)
+        say(f"N={n}: cleaning up")
+        custom.delete_collection_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "connects")
+        wait(
+            lambda: not custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "connects")["items"],
+            900,
+            "resources deleted",
+        )
+        return {
+            "ready_seconds": round(ready_seconds, 1),
+            "steady_calls_per_interval": round(steady, 2),
+            "polling_loop_calls_per_interval": polling,
+            "operator_rss_mib": round(rss, 1),
+        }
+    finally:
+        op.terminate()
+        op.wait(30)
+        log.close()
+        core.delete_namespace(namespace)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,500")
+    parser.add_argument("--interval", type=float, default=10.0)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    say("starting (or reusing) the local stack")
+    info = stack.up()
+    api = config.new_client_from_config(config_file=info.kubeconfig)
+    apply_crds(api)
+    workdir = Path(tempfile.mkdtemp(prefix="fibers-bench-"))
+    os.chmod(workdir, 0o755)
+    source = workdir / "source.txt"
+    source.write_text("".join(f"line {i}\n" for i in range(10)))
+    proxy = CountingProxy(info.connect_url)
+    proxy_url = proxy.start()
+    results: dict[str, Any] = {"benchmark": "connect_scale", "interval_seconds": args.interval}
+    with httpx.Client(base_url=info.connect_url, timeout=60) as connect:
+        for n in sizes:
+            say(f"N={n}: floor (plain REST script)")
+            floor = floor_run(connect, n, source, f"floor{n}-{uuid.uuid4().hex[:4]}")
+            say(f"N={n}: floor {floor:.1f}s; now through the operator")
+            figures = operator_run(info, api, n, source, args.interval, proxy, proxy_url, workdir)
+            figures["floor_seconds"] = round(floor, 1)
+            figures["ready_ratio"] = round(figures["ready_seconds"] / floor, 2)
+            results[str(n)] = figures
+            say(f"N={n}: {json.dumps(figures)}")
+    largest = results[str(max(sizes))]
+    results["goals"] = {
+        "ready_ratio_le_1.3": all(results[str(n)]["ready_ratio"] <= 1.3 for n in sizes),
+        "steady_calls_independent_of_n": len({round(results[str(n)]["steady_calls_per_interval"]) for n in sizes}) == 1,
+        "rss_under_150_mib_at_largest": largest["operator_rss_mib"] < 150,
+    }
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
