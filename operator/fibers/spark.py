@@ -31,14 +31,16 @@ def session(
 ) -> SparkSession:
     from pyspark.sql import SparkSession
 
-    jars_dir = jars_dir or Path(os.environ.get("FIBERS_SPARK_KAFKA_JARS", ""))
+    if jars_dir is None and os.environ.get("FIBERS_SPARK_KAFKA_JARS"):
+        jars_dir = Path(os.environ["FIBERS_SPARK_KAFKA_JARS"])
     builder = (
         SparkSession.builder.appName(app)
         .master(master)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.jars", ",".join(str(j) for j in kafka_jars(jars_dir)))
     )
+    if jars_dir is not None:  # without them Spark works, only the kafka format is missing
+        builder = builder.config("spark.jars", ",".join(str(j) for j in kafka_jars(jars_dir)))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

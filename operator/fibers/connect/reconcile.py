@@ -101,7 +101,8 @@ def decide(target: Target, observed: ConnectorView | None, now: datetime) -> lis
     if observed.config != target.config:
         steps.append(Step.UPDATE_CONFIG)
     desired = spec.connect_state
-    settling = observed.state == "UNASSIGNED" or (observed.state == "FAILED" and desired == "RUNNING")
+    # UNASSIGNED and RESTARTING pass by themselves; a FAILED connector is restarted, not resumed.
+    settling = observed.state in ("UNASSIGNED", "RESTARTING") or (observed.state == "FAILED" and desired == "RUNNING")
     if observed.state != desired and not settling:
         steps.append(Step.SET_STATE)
     if (spec.restart_nonce and spec.restart_nonce != target.status.get("lastRestartNonce")) or target.restart_requested:
@@ -225,7 +226,8 @@ def _ready(
 
     desired = spec.connect_state
     pending = [s for s in outcome.done if s in (Step.CREATE, Step.UPDATE_CONFIG, Step.SET_STATE, Step.RESTART)]
-    if observed.state != desired:
+    rebalancing = desired == "RUNNING" and observed.state in ("UNASSIGNED", "RESTARTING")
+    if observed.state != desired and not rebalancing:
         if target.paused:
             return [
                 Condition(READY, False, "StateMismatch", f"connector is {observed.state}, spec wants {desired}"),
@@ -234,7 +236,7 @@ def _ready(
             ], observed.state.capitalize()
         return progressing("StateTransition", f"moving connector from {observed.state} to {desired}")
     unassigned = [t for t in observed.tasks if t.state == "UNASSIGNED"]
-    if desired == "RUNNING" and (unassigned or not observed.tasks):
+    if desired == "RUNNING" and (rebalancing or unassigned or not observed.tasks):
         target.unassigned_since = target.unassigned_since or now
         was_ready = conditions.is_true(target.status.get("conditions"), READY)
         if was_ready and now - target.unassigned_since < UNASSIGNED_GRACE:
@@ -277,9 +279,8 @@ def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now
     status["cluster"] = redact(spec.cluster, ())
     if target.status.get("connectorName"):
         status["connectorName"] = target.status["connectorName"]
-    if Step.CREATE in outcome.done or Step.RESTART in outcome.done:
-        if spec.restart_nonce:
-            status["lastRestartNonce"] = spec.restart_nonce
+    if (Step.CREATE in outcome.done or Step.RESTART in outcome.done) and spec.restart_nonce:
+        status["lastRestartNonce"] = spec.restart_nonce
     elif target.status.get("lastRestartNonce"):
         status["lastRestartNonce"] = target.status["lastRestartNonce"]
     if observed is not None and target.owned:

@@ -1,0 +1,502 @@
+"""decide() and report() for the Connect kind: pure functions over a Target and an observed ConnectorView."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from fibers.conditions import READY, RECONCILING, STALLED, Condition, find, format_time
+from fibers.connect.reconcile import (
+    UNASSIGNED_GRACE,
+    Outcome,
+    Step,
+    Target,
+    decide,
+    report,
+    significant,
+)
+from fibers.connect.rest import ConnectorView, TaskView
+from fibers.connect.spec import parse
+
+NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+CLUSTER = "http://connect:8083"
+WORKER = "10.0.0.7:8083"
+SECRET = "pa55w0rd-xyz"
+
+
+def _target(*, owned: bool = True, status: dict[str, Any] | None = None, **spec_fields: Any) -> Target:
+    spec = parse(
+        {
+            "cluster": CLUSTER,
+            "class": "io.example.OrdersSink",
+            "config": {"topics": "orders", "batch.size": 100},
+            "secretConfig": {"db.password": {"secretKeyRef": {"name": "db", "key": "password"}}},
+            **spec_fields,
+        },
+        "orders",
+        None,
+    )
+    initial: dict[str, Any] = {"connectorName": spec.connector, "cluster": spec.cluster} if owned else {}
+    return Target(
+        namespace="ns1",
+        name="orders",
+        uid="0b6c-uid",
+        generation=4,
+        spec=spec,
+        config=spec.full_config({"db.password": SECRET}),
+        secrets=(SECRET,),
+        status={**initial, **(status or {})},
+    )
+
+
+def _task(id_: int = 0, state: str = "RUNNING", trace: str = "", worker: str = WORKER) -> TaskView:
+    return TaskView(id_, state, worker, trace)
+
+
+def _view(
+    target: Target,
+    *,
+    state: str = "RUNNING",
+    tasks: tuple[TaskView, ...] | None = None,
+    config: dict[str, str] | None = None,
+    trace: str = "",
+) -> ConnectorView:
+    assert target.spec is not None
+    return ConnectorView(
+        name=target.spec.connector,
+        config=dict(target.config) if config is None else config,
+        state=state,
+        worker_id=WORKER,
+        trace=trace,
+        type="sink",
+        tasks=(_task(),) if tasks is None else tasks,
+    )
+
+
+def _cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    cond = find(status["conditions"], type_)
+    assert cond is not None, f"no {type_} condition in {status['conditions']}"
+    return cond
+
+
+def _failed_task(trace: str = "org.apache.kafka.connect.errors.ConnectException: boom\n\tat X.y(X.java:1)") -> TaskView:
+    return _task(0, "FAILED", trace)
+
+
+def _restarted(count: int, ago: timedelta) -> dict[str, Any]:
+    return {"autoRestart": {"count": count, "lastRestartTime": format_time(NOW - ago)}}
+
+
+# ----- decide --------------------------------------------------------------------------------------
+
+
+def test_absent_connector_is_created() -> None:
+    assert decide(_target(owned=False), None, NOW) == [Step.CREATE]
+
+
+def test_connector_in_sync_needs_nothing() -> None:
+    target = _target()
+    assert decide(target, _view(target), NOW) == []
+
+
+def test_someone_elses_connector_is_not_touched() -> None:
+    target = _target(owned=False)
+    drifted = _view(target, state="PAUSED", config={"name": "orders", "connector.class": "Other"})
+    assert decide(target, drifted, NOW) == []
+
+    status = report(target, drifted, Outcome(), NOW)
+    ready, stalled = _cond(status, READY), _cond(status, STALLED)
+    assert (ready["status"], ready["reason"]) == ("False", "ConnectorNotOwned")
+    assert (stalled["status"], stalled["reason"]) == ("True", "ConnectorNotOwned")
+    assert _cond(status, RECONCILING)["status"] == "False"
+    assert "connectorName" not in status
+    assert "connectorState" not in status
+    assert "tasks" not in status
+    assert "autoRestart" not in status
+
+
+def test_connector_owned_under_another_name_is_not_touched() -> None:
+    target = _target(status={"connectorName": "someone-else"})
+    assert not target.owned
+    assert decide(target, _view(target, config={}), NOW) == []
+
+
+def test_config_drift_updates_config() -> None:
+    target = _target()
+    drifted = {**target.config, "batch.size": "500"}
+    assert decide(target, _view(target, config=drifted), NOW) == [Step.UPDATE_CONFIG]
+
+
+def test_missing_secret_value_in_observed_config_is_drift() -> None:
+    target = _target()
+    observed = {k: v for k, v in target.config.items() if k != "db.password"}
+    assert decide(target, _view(target, config=observed), NOW) == [Step.UPDATE_CONFIG]
+
+
+def test_state_mismatch_sets_state() -> None:
+    target = _target(state="paused")
+    assert decide(target, _view(target, state="RUNNING"), NOW) == [Step.SET_STATE]
+
+
+def test_config_drift_and_state_mismatch_together() -> None:
+    target = _target(state="stopped")
+    assert decide(target, _view(target, state="RUNNING", config={}), NOW) == [Step.UPDATE_CONFIG, Step.SET_STATE]
+
+
+def test_unassigned_connector_is_left_to_settle() -> None:
+    target = _target()
+    assert decide(target, _view(target, state="UNASSIGNED", tasks=()), NOW) == []
+
+
+def test_failed_connector_is_restarted_not_resumed() -> None:
+    target = _target()
+    assert decide(target, _view(target, state="FAILED", trace="boom"), NOW) == [Step.RESTART_FAILED]
+
+
+def test_new_restart_nonce_restarts() -> None:
+    target = _target(restartNonce="2", status={"lastRestartNonce": "1"})
+    assert decide(target, _view(target), NOW) == [Step.RESTART]
+
+
+def test_first_restart_nonce_restarts() -> None:
+    target = _target(restartNonce="1")
+    assert decide(target, _view(target), NOW) == [Step.RESTART]
+
+
+def test_restart_nonce_already_acted_upon_does_not_restart() -> None:
+    target = _target(restartNonce="1", status={"lastRestartNonce": "1"})
+    assert decide(target, _view(target), NOW) == []
+
+
+def test_restart_annotation_restarts() -> None:
+    target = _target()
+    target.restart_requested = True
+    assert decide(target, _view(target), NOW) == [Step.RESTART]
+
+
+def test_requested_restart_replaces_auto_restart_of_failed_tasks() -> None:
+    target = _target()
+    target.restart_requested = True
+    assert decide(target, _view(target, tasks=(_failed_task(),)), NOW) == [Step.RESTART]
+
+
+def test_failed_task_is_restarted_automatically() -> None:
+    target = _target()
+    assert decide(target, _view(target, tasks=(_task(0), _failed_task())), NOW) == [Step.RESTART_FAILED]
+
+
+def test_failed_task_waits_out_the_backoff() -> None:
+    target = _target(autoRestart={"backoffSeconds": 60}, status=_restarted(1, timedelta(0)))
+    observed = _view(target, tasks=(_failed_task(),))
+    assert decide(target, observed, NOW) == []
+    # The second restart waits backoff * 1 * 2 = 120 s after the first.
+    assert decide(target, observed, NOW + timedelta(seconds=119)) == []
+    assert decide(target, observed, NOW + timedelta(seconds=120)) == [Step.RESTART_FAILED]
+
+
+def test_exhausted_auto_restart_stalls() -> None:
+    target = _target(autoRestart={"maxRestarts": 3}, status=_restarted(3, timedelta(hours=2)))
+    observed = _view(target, tasks=(_failed_task(),))
+    assert decide(target, observed, NOW) == []
+
+    status = report(target, observed, Outcome(), NOW)
+    ready, stalled = _cond(status, READY), _cond(status, STALLED)
+    assert (stalled["status"], stalled["reason"]) == ("True", "AutoRestartExhausted")
+    assert (ready["status"], ready["reason"]) == ("False", "AutoRestartExhausted")
+    assert "gave up after 3 automatic restarts" in ready["message"]
+    assert status["phase"] == "Failed"
+    assert "nextRestartTime" not in status["autoRestart"]
+
+
+def test_auto_restart_disabled_stalls_on_failed_tasks() -> None:
+    target = _target(autoRestart={"enabled": False})
+    observed = _view(target, tasks=(_failed_task(),))
+    assert decide(target, observed, NOW) == []
+
+    status = report(target, observed, Outcome(), NOW)
+    ready, stalled, reconciling = _cond(status, READY), _cond(status, STALLED), _cond(status, RECONCILING)
+    assert (stalled["status"], stalled["reason"]) == ("True", "TasksFailed")
+    assert (ready["status"], ready["reason"]) == ("False", "TasksFailed")
+    assert reconciling["status"] == "False"
+    assert status["phase"] == "Failed"
+    assert "nextRestartTime" not in status["autoRestart"]
+
+
+def test_failing_with_auto_restart_is_reconciling_not_stalled() -> None:
+    target = _target()
+    status = report(target, _view(target, tasks=(_failed_task(),)), Outcome(), NOW)
+    assert _cond(status, STALLED)["status"] == "False"
+    reconciling = _cond(status, RECONCILING)
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "AutoRestarting")
+    assert status["autoRestart"] == {"count": 0, "nextRestartTime": format_time(NOW)}
+
+
+@pytest.mark.parametrize(
+    "observed_kind", ["absent", "config-drift", "state-mismatch", "failed-task", "restart-nonce", "annotation"]
+)
+def test_paused_reconciliation_does_nothing(observed_kind: str) -> None:
+    target = _target(restartNonce="7") if observed_kind == "restart-nonce" else _target()
+    target.paused = True
+    target.restart_requested = observed_kind == "annotation"
+    observed: ConnectorView | None = {
+        "absent": None,
+        "config-drift": _view(target, config={}),
+        "state-mismatch": _view(target, state="STOPPED"),
+        "failed-task": _view(target, tasks=(_failed_task(),)),
+        "restart-nonce": _view(target),
+        "annotation": _view(target),
+    }[observed_kind]
+    assert decide(target, observed, NOW) == []
+
+
+def test_problem_target_does_nothing_and_stalls() -> None:
+    target = _target()
+    target.problem = Condition(READY, False, "SecretNotFound", "secret ns1/db not found")
+    assert decide(target, None, NOW) == []
+    status = report(target, None, Outcome(), NOW)
+    assert (_cond(status, READY)["status"], _cond(status, READY)["reason"]) == ("False", "SecretNotFound")
+    assert (_cond(status, STALLED)["status"], _cond(status, STALLED)["reason"]) == ("True", "SecretNotFound")
+
+
+# ----- report --------------------------------------------------------------------------------------
+
+
+def test_healthy_running_connector_is_ready() -> None:
+    target = _target()
+    status = report(target, _view(target), Outcome(), NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("True", "Running")
+    assert ready["observedGeneration"] == 4
+    assert ready["lastTransitionTime"] == format_time(NOW)
+    assert _cond(status, RECONCILING)["status"] == "False"
+    assert _cond(status, STALLED)["status"] == "False"
+    assert status["phase"] == "Running"
+    assert status["observedGeneration"] == 4
+    assert status["tasksReady"] == "1/1"
+    assert status["runningTasks"] == 1
+    assert status["connectorState"] == "RUNNING"
+    assert status["workerId"] == WORKER
+    assert status["connectorName"] == "orders"
+    assert status["cluster"] == CLUSTER
+    assert status["tasks"] == [{"id": 0, "state": "RUNNING", "workerId": WORKER}]
+    assert status["autoRestart"] == {"count": 0}
+    assert status["lastSyncTime"] == format_time(NOW)
+
+
+def test_tasks_ready_counts_only_running_tasks() -> None:
+    target = _target(tasksMax=3)
+    tasks = (_task(0), _task(1, "PAUSED"), _task(2))
+    status = report(target, _view(target, tasks=tasks), Outcome(), NOW)
+    assert status["tasksReady"] == "2/3"
+    assert status["runningTasks"] == 2
+
+
+def test_paused_connector_is_ready_when_paused_is_wanted() -> None:
+    target = _target(state="paused")
+    status = report(target, _view(target, state="PAUSED", tasks=(_task(0, "PAUSED"),)), Outcome(), NOW)
+    assert (_cond(status, READY)["status"], _cond(status, READY)["reason"]) == ("True", "Paused")
+    assert status["phase"] == "Paused"
+
+
+def test_state_transition_is_not_ready() -> None:
+    target = _target(state="paused")
+    status = report(target, _view(target, state="RUNNING"), Outcome(done=[Step.SET_STATE]), NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("False", "StateTransition")
+    assert _cond(status, RECONCILING)["status"] == "True"
+
+
+def test_failed_task_message_names_task_worker_and_first_trace_line() -> None:
+    target = _target(tasksMax=2)
+    trace = "org.apache.kafka.connect.errors.ConnectException: table orders is gone\n\tat A.b(A.java:10)\n"
+    observed = _view(target, tasks=(_task(0), _task(1, "FAILED", trace, worker="10.0.0.9:8083")))
+    status = report(target, observed, Outcome(), NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("False", "TasksFailed")
+    assert ready["message"] == (
+        "task 1 FAILED on 10.0.0.9:8083: org.apache.kafka.connect.errors.ConnectException: table orders is gone"
+    )
+    assert "A.java" not in ready["message"]
+    assert status["tasks"][1]["trace"] == trace
+
+
+def test_failed_connector_message_uses_connector_trace() -> None:
+    target = _target()
+    status = report(
+        target, _view(target, state="FAILED", trace="java.lang.IllegalStateException: x\n\tat Z"), Outcome(), NOW
+    )
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("False", "ConnectorFailed")
+    assert ready["message"] == f"connector failed on {WORKER}: java.lang.IllegalStateException: x"
+
+
+def test_secret_in_task_trace_is_redacted() -> None:
+    target = _target()
+    trace = f"org.postgresql.util.PSQLException: password {SECRET} rejected for user app\n\tat {SECRET}.x(Y.java:1)"
+    status = report(target, _view(target, tasks=(_task(0, "FAILED", trace),)), Outcome(), NOW)
+    message = _cond(status, READY)["message"]
+    assert SECRET not in message
+    assert "password *** rejected" in message
+    stored = status["tasks"][0]["trace"]
+    assert SECRET not in stored
+    assert stored == "org.postgresql.util.PSQLException: password *** rejected for user app\n\tat ***.x(Y.java:1)"
+    assert SECRET not in repr(status)
+
+
+def test_long_task_trace_is_truncated_in_status() -> None:
+    target = _target()
+    trace = "E: boom\n" + "\tat frame\n" * 1000
+    status = report(target, _view(target, tasks=(_task(0, "FAILED", trace),)), Outcome(), NOW)
+    assert len(status["tasks"][0]["trace"]) == 2048
+    assert status["tasks"][0]["trace"].endswith("…")
+
+
+def _ready_before(target: Target, at: datetime) -> dict[str, Any]:
+    """A status written while the connector was healthy, as the previous status of `target`."""
+    status = report(target, _view(target), Outcome(), at)
+    assert _cond(status, READY)["status"] == "True"
+    return status
+
+
+def test_short_rebalance_keeps_ready() -> None:
+    target = _target()
+    target.status = _ready_before(target, NOW - timedelta(minutes=5))
+    observed = _view(target, tasks=(_task(0, "UNASSIGNED", worker=""),))
+
+    status = report(target, observed, Outcome(), NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("True", "Running")
+    assert ready["lastTransitionTime"] == format_time(NOW - timedelta(minutes=5))
+    assert (_cond(status, RECONCILING)["status"], _cond(status, RECONCILING)["reason"]) == ("True", "Rebalancing")
+    assert status["phase"] == "Running"
+    assert target.unassigned_since == NOW
+
+    later = NOW + UNASSIGNED_GRACE - timedelta(seconds=1)
+    assert _cond(report(target, observed, Outcome(), later), READY)["status"] == "True"
+
+
+def test_long_unassignment_is_not_ready() -> None:
+    target = _target()
+    target.status = _ready_before(target, NOW - timedelta(minutes=5))
+    target.unassigned_since = NOW - UNASSIGNED_GRACE
+    status = report(target, _view(target, tasks=(_task(0, "UNASSIGNED", worker=""),)), Outcome(), NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("False", "TasksUnassigned")
+    assert ready["lastTransitionTime"] == format_time(NOW)
+    assert _cond(status, STALLED)["status"] == "False"
+
+
+def test_unassigned_tasks_when_never_ready_are_starting() -> None:
+    target = _target()
+    status = report(target, _view(target, tasks=()), Outcome(), NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("False", "Starting")
+    assert target.unassigned_since == NOW
+
+
+def test_healthy_again_clears_unassigned_since() -> None:
+    target = _target()
+    target.unassigned_since = NOW - timedelta(seconds=5)
+    report(target, _view(target), Outcome(), NOW)
+    assert target.unassigned_since is None
+
+
+def test_short_rebalance_of_the_connector_itself_keeps_ready() -> None:
+    target = _target()
+    target.status = _ready_before(target, NOW - timedelta(minutes=5))
+    observed = _view(target, state="UNASSIGNED", tasks=(_task(0, "UNASSIGNED", worker=""),))
+    assert decide(target, observed, NOW) == []
+    assert _cond(report(target, observed, Outcome(), NOW), READY)["status"] == "True"
+
+
+def test_auto_restart_count_increments_after_restart_failed() -> None:
+    target = _target(status=_restarted(1, timedelta(minutes=3)))
+    observed = _view(target, tasks=(_failed_task(),))
+    assert decide(target, observed, NOW) == [Step.RESTART_FAILED]
+    status = report(target, observed, Outcome(done=[Step.RESTART_FAILED]), NOW)
+    # Third restart waits backoff * 2 * 3 = 360 s after this (second) one.
+    assert status["autoRestart"] == {
+        "count": 2,
+        "lastRestartTime": format_time(NOW),
+        "nextRestartTime": format_time(NOW + timedelta(seconds=360)),
+    }
+
+
+def test_first_auto_restart_is_counted() -> None:
+    target = _target()
+    status = report(target, _view(target, tasks=(_failed_task(),)), Outcome(done=[Step.RESTART_FAILED]), NOW)
+    assert status["autoRestart"]["count"] == 1
+    assert status["autoRestart"]["lastRestartTime"] == format_time(NOW)
+
+
+def test_auto_restart_count_resets_after_healthy_for_reset_period() -> None:
+    target = _target(autoRestart={"resetAfterSeconds": 600}, status=_restarted(3, timedelta(seconds=600)))
+    status = report(target, _view(target), Outcome(), NOW)
+    assert status["autoRestart"] == {"count": 0}
+
+
+def test_auto_restart_count_kept_before_reset_period() -> None:
+    target = _target(autoRestart={"resetAfterSeconds": 600}, status=_restarted(3, timedelta(seconds=599)))
+    status = report(target, _view(target), Outcome(), NOW)
+    assert status["autoRestart"] == {
+        "count": 3,
+        "lastRestartTime": format_time(NOW - timedelta(seconds=599)),
+    }
+
+
+def test_auto_restart_count_kept_while_failing_past_reset_period() -> None:
+    target = _target(status=_restarted(3, timedelta(hours=1)))
+    status = report(target, _view(target, tasks=(_failed_task(),)), Outcome(), NOW)
+    assert status["autoRestart"]["count"] == 3
+
+
+@pytest.mark.parametrize("step", [Step.RESTART, Step.CREATE])
+def test_restart_nonce_recorded_after_restart_or_create(step: Step) -> None:
+    target = _target(restartNonce="n2", status={"lastRestartNonce": "n1"})
+    status = report(target, _view(target), Outcome(done=[step]), NOW)
+    assert status["lastRestartNonce"] == "n2"
+
+
+def test_restart_nonce_not_recorded_without_restart() -> None:
+    target = _target(restartNonce="n2", status={"lastRestartNonce": "n1"})
+    status = report(target, _view(target), Outcome(done=[Step.UPDATE_CONFIG]), NOW)
+    assert status["lastRestartNonce"] == "n1"
+
+
+def test_restart_nonce_not_recorded_when_restart_failed() -> None:
+    target = _target(restartNonce="n2")
+    status = report(target, _view(target), Outcome(failed=Step.RESTART, error="409: rebalancing"), NOW)
+    assert "lastRestartNonce" not in status
+
+
+def test_connect_rejection_stalls_with_redacted_error() -> None:
+    target = _target()
+    outcome = Outcome(failed=Step.UPDATE_CONFIG, error=f"400: bad value {SECRET}", rejected=True)
+    status = report(target, _view(target, config={}), outcome, NOW)
+    ready = _cond(status, READY)
+    assert (ready["status"], ready["reason"]) == ("False", "ConnectRejected")
+    assert SECRET not in ready["message"]
+    assert _cond(status, STALLED)["status"] == "True"
+
+
+def test_topics_from_outcome_or_previous_status() -> None:
+    target = _target(status={"topics": ["old"]})
+    assert report(target, _view(target), Outcome(), NOW)["topics"] == ["old"]
+    assert report(target, _view(target), Outcome(topics=["orders"]), NOW)["topics"] == ["orders"]
+
+
+def test_significant_ignores_only_last_sync_time() -> None:
+    target = _target()
+    first = report(target, _view(target), Outcome(), NOW)
+    target.status = first
+    second = report(target, _view(target), Outcome(), NOW + timedelta(minutes=1))
+    assert first != second
+    assert first["lastSyncTime"] != second["lastSyncTime"]
+    assert significant(first) == significant(second)
+    assert set(significant(first)) == set(first) - {"lastSyncTime"}
+
+    failing = report(target, _view(target, tasks=(_failed_task(),)), Outcome(), NOW + timedelta(minutes=2))
+    assert significant(failing) != significant(first)
+    assert significant({**first, "phase": "Failed"}) != significant(first)

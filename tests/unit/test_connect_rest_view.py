@@ -1,0 +1,127 @@
+"""ConnectorView.from_listing on entries of `GET /connectors?expand=status&expand=info`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fibers.connect.rest import ConnectorView, TaskView
+
+TRACE = (
+    "org.apache.kafka.connect.errors.ConnectException: Exiting WorkerSinkTask due to unrecoverable exception.\n"
+    "\tat org.apache.kafka.connect.runtime.WorkerSinkTask.deliverMessages(WorkerSinkTask.java:636)\n"
+)
+
+# One value of the listing, as Kafka Connect returns it (tasks deliberately out of order).
+LISTING: dict[str, Any] = {
+    "orders-sink": {
+        "info": {
+            "name": "orders-sink",
+            "config": {
+                "connector.class": "io.example.OrdersSink",
+                "tasks.max": "3",
+                "topics": "orders",
+                "name": "orders-sink",
+            },
+            "tasks": [
+                {"connector": "orders-sink", "task": 0},
+                {"connector": "orders-sink", "task": 1},
+                {"connector": "orders-sink", "task": 2},
+            ],
+            "type": "sink",
+        },
+        "status": {
+            "name": "orders-sink",
+            "connector": {"state": "RUNNING", "worker_id": "10.0.0.7:8083"},
+            "tasks": [
+                {"id": 2, "state": "RUNNING", "worker_id": "10.0.0.8:8083"},
+                {"id": 0, "state": "RUNNING", "worker_id": "10.0.0.7:8083"},
+                {"id": 1, "state": "FAILED", "worker_id": "10.0.0.8:8083", "trace": TRACE},
+            ],
+            "type": "sink",
+        },
+    }
+}
+
+
+def test_from_listing_reads_a_full_entry() -> None:
+    view = ConnectorView.from_listing("orders-sink", LISTING["orders-sink"])
+    assert view == ConnectorView(
+        name="orders-sink",
+        config={
+            "connector.class": "io.example.OrdersSink",
+            "tasks.max": "3",
+            "topics": "orders",
+            "name": "orders-sink",
+        },
+        state="RUNNING",
+        worker_id="10.0.0.7:8083",
+        trace="",
+        type="sink",
+        tasks=(
+            TaskView(0, "RUNNING", "10.0.0.7:8083", ""),
+            TaskView(1, "FAILED", "10.0.0.8:8083", TRACE),
+            TaskView(2, "RUNNING", "10.0.0.8:8083", ""),
+        ),
+    )
+
+
+def test_tasks_are_sorted_by_id() -> None:
+    view = ConnectorView.from_listing("orders-sink", LISTING["orders-sink"])
+    assert [t.id for t in view.tasks] == [0, 1, 2]
+    assert view.tasks[1].trace == TRACE
+
+
+def test_failed_connector_keeps_its_trace() -> None:
+    entry = {
+        "info": {"name": "c", "config": {"name": "c"}, "tasks": [], "type": "source"},
+        "status": {
+            "name": "c",
+            "connector": {"state": "FAILED", "worker_id": "w:8083", "trace": "java.lang.RuntimeException: x"},
+            "tasks": [],
+            "type": "source",
+        },
+    }
+    view = ConnectorView.from_listing("c", entry)
+    assert (view.state, view.worker_id, view.trace, view.type, view.tasks) == (
+        "FAILED",
+        "w:8083",
+        "java.lang.RuntimeException: x",
+        "source",
+        (),
+    )
+
+
+def test_non_string_config_values_become_strings() -> None:
+    view = ConnectorView.from_listing("c", {"info": {"config": {"tasks.max": 2, "flag": "true"}}})
+    assert view.config == {"tasks.max": "2", "flag": "true"}
+
+
+def test_missing_status_defaults() -> None:
+    entry = {"info": {"name": "c", "config": {"name": "c"}, "tasks": [], "type": "sink"}}
+    view = ConnectorView.from_listing("c", entry)
+    assert view == ConnectorView(name="c", config={"name": "c"}, state="UNASSIGNED", type="sink")
+    assert (view.worker_id, view.trace, view.tasks) == ("", "", ())
+
+
+def test_missing_fields_inside_status_default() -> None:
+    entry = {
+        "info": {"name": "c", "config": {}, "type": "sink"},
+        "status": {"name": "c", "connector": {}, "tasks": [{"id": 0}]},
+    }
+    view = ConnectorView.from_listing("c", entry)
+    assert view.state == "UNASSIGNED"
+    assert view.worker_id == ""
+    assert view.type == "sink"  # taken from info when status has none
+    assert view.tasks == (TaskView(0, "UNASSIGNED", "", ""),)
+
+
+def test_null_parts_and_empty_entry_default() -> None:
+    assert ConnectorView.from_listing("c", {"info": None, "status": None}) == ConnectorView(
+        name="c", config={}, state="UNASSIGNED"
+    )
+    assert ConnectorView.from_listing("c", {}) == ConnectorView(name="c", config={}, state="UNASSIGNED")
+
+
+def test_status_type_wins_over_info_type() -> None:
+    entry = {"info": {"type": "unknown"}, "status": {"type": "source", "connector": {"state": "RUNNING"}}}
+    assert ConnectorView.from_listing("c", entry).type == "source"

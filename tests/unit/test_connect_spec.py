@@ -1,0 +1,132 @@
+"""parse() of a Connect spec, the config Kafka Connect is given, and the auto-restart backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fibers.connect.spec import AutoRestartPolicy, SecretRef, SpecError, parse
+
+CLUSTER = "http://connect:8083"
+
+
+def _spec(**fields: Any) -> dict[str, Any]:
+    return {"cluster": CLUSTER, "class": "FileStreamSource", **fields}
+
+
+def test_defaults() -> None:
+    spec = parse(_spec(), "orders", None)
+    assert spec.cluster == CLUSTER
+    assert spec.connector == "orders"
+    assert spec.connector_class == "FileStreamSource"
+    assert spec.tasks_max == 1
+    assert spec.state == "running"
+    assert spec.connect_state == "RUNNING"
+    assert spec.config == {}
+    assert spec.secret_refs == {}
+    assert spec.restart_nonce is None
+    assert spec.auto_restart == AutoRestartPolicy(
+        enabled=True, max_restarts=None, backoff_seconds=60, max_backoff_seconds=1800, reset_after_seconds=600
+    )
+
+
+def test_explicit_fields_override_defaults() -> None:
+    spec = parse(
+        _spec(
+            connectorName="orders-src",
+            tasksMax=3,
+            state="paused",
+            restartNonce="n1",
+            secretConfig={"database.password": {"secretKeyRef": {"name": "db", "key": "password"}}},
+            autoRestart={
+                "enabled": False,
+                "maxRestarts": 4,
+                "backoffSeconds": 5,
+                "maxBackoffSeconds": 50,
+                "resetAfterSeconds": 30,
+            },
+        ),
+        "orders",
+        None,
+    )
+    assert spec.connector == "orders-src"
+    assert spec.tasks_max == 3
+    assert spec.state == "paused"
+    assert spec.connect_state == "PAUSED"
+    assert spec.restart_nonce == "n1"
+    assert spec.secret_refs == {"database.password": SecretRef("db", "password")}
+    assert spec.auto_restart == AutoRestartPolicy(
+        enabled=False, max_restarts=4, backoff_seconds=5, max_backoff_seconds=50, reset_after_seconds=30
+    )
+
+
+def test_empty_restart_nonce_is_none() -> None:
+    assert parse(_spec(restartNonce=""), "orders", None).restart_nonce is None
+
+
+def test_config_values_are_rendered_as_kafka_connect_strings() -> None:
+    spec = parse(
+        _spec(config={"poll.ms": 5, "enabled": True, "skip": False, "ratio": 0.5, "topic": "orders"}), "orders", None
+    )
+    assert spec.config == {"poll.ms": "5", "enabled": "true", "skip": "false", "ratio": "0.5", "topic": "orders"}
+
+
+@pytest.mark.parametrize("value", [{"nested": "x"}, ["a", "b"], None])
+def test_non_scalar_config_value_is_rejected_naming_the_key(value: Any) -> None:
+    with pytest.raises(SpecError, match=r"spec\.config\.transforms\.route"):
+        parse(_spec(config={"topic": "ok", "transforms.route": value}), "orders", None)
+
+
+def test_missing_cluster_without_default_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match=r"spec\.cluster"):
+        parse({"class": "FileStreamSource"}, "orders", None)
+
+
+def test_default_cluster_is_used_when_spec_has_none() -> None:
+    spec = parse({"class": "FileStreamSource"}, "orders", "http://default-connect:8083/")
+    assert spec.cluster == "http://default-connect:8083"
+
+
+def test_spec_cluster_wins_over_default() -> None:
+    spec = parse(_spec(), "orders", "http://default-connect:8083")
+    assert spec.cluster == CLUSTER
+
+
+def test_trailing_slash_is_stripped() -> None:
+    assert parse(_spec(cluster="http://connect:8083/"), "orders", None).cluster == CLUSTER
+
+
+def test_full_config_has_owned_fields_and_secret_values() -> None:
+    spec = parse(_spec(connectorName="orders-src", tasksMax=2, config={"topic": "orders"}), "orders", None)
+    assert spec.full_config({"database.password": "s3cr3t"}) == {
+        "topic": "orders",
+        "database.password": "s3cr3t",
+        "name": "orders-src",
+        "connector.class": "FileStreamSource",
+        "tasks.max": "2",
+    }
+
+
+def test_full_config_owned_fields_win_over_user_config() -> None:
+    spec = parse(_spec(config={"name": "other", "tasks.max": 9}), "orders", None)
+    full = spec.full_config({})
+    assert full["name"] == "orders"
+    assert full["tasks.max"] == "1"
+
+
+def test_backoff_delay_grows_and_is_capped() -> None:
+    policy = AutoRestartPolicy(backoff_seconds=10, max_backoff_seconds=100)
+    assert [policy.delay(n) for n in range(5)] == [0, 20, 60, 100, 100]
+    default = AutoRestartPolicy()
+    assert [default.delay(n) for n in range(4)] == [0, 120, 360, 720]
+    assert default.delay(10) == 1800
+
+
+def test_exhausted() -> None:
+    assert not AutoRestartPolicy().exhausted(1000)
+    limited = AutoRestartPolicy(max_restarts=3)
+    assert not limited.exhausted(2)
+    assert limited.exhausted(3)
+    assert limited.exhausted(4)
+    assert AutoRestartPolicy(max_restarts=0).exhausted(0)
