@@ -1,0 +1,1 @@
+"""The DatabusConsumer kind: change-data-capture consumers following the Databus 2.0 client design."""
