@@ -125,3 +125,16 @@ class Resources:
             return status if check(status) else None
 
         return wait_for(probe, timeout=timeout, what=what or f"{self.kind} {name} status")
+
+
+def produce(bootstrap: str, topic: str, values: list[Any], *, key: str | None = None) -> None:
+    """Write JSON values to a topic and wait until Kafka has them all."""
+    import json
+
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in values:
+        record_key = str(value[key]).encode() if key else None
+        producer.produce(topic, key=record_key, value=json.dumps(value).encode())
+    assert producer.flush(30) == 0

@@ -16,6 +16,9 @@ from fibers.api import FINALIZER
 from fibers.connect import handlers as _connect_handlers  # noqa: F401  (registers handlers)
 from fibers.connect.sync import ConnectSync, SyncSettings
 from fibers.kube import Kube, load_client
+from fibers.transform import handlers as _transform_handlers  # noqa: F401  (registers handlers)
+from fibers.transform.reconciler import TransformReconciler
+from fibers.transform.spec import Defaults
 
 log = logging.getLogger("fibers.operator")
 
@@ -25,6 +28,14 @@ def settings_from_env() -> SyncSettings:
         interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", "10")),
         fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "1")),
         default_cluster=os.environ.get("FIBERS_CONNECT_URL") or None,
+    )
+
+
+def transform_defaults_from_env() -> Defaults:
+    return Defaults(
+        kafka_bootstrap=os.environ.get("FIBERS_KAFKA_BOOTSTRAP") or None,
+        image=os.environ.get("FIBERS_JOB_IMAGE", Defaults.image),
+        service_account=os.environ.get("FIBERS_JOB_SERVICE_ACCOUNT") or None,
     )
 
 
@@ -42,6 +53,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.kube = kube
     memo.connect = ConnectSync(kube, settings_from_env())
     memo.connect_task = asyncio.create_task(memo.connect.run(), name="connect-sync")
+    memo.transform = TransformReconciler(kube, transform_defaults_from_env())
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
 
 

@@ -11,7 +11,7 @@ import logging
 import socket
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -62,6 +62,18 @@ class Kube:
         if key not in data:
             raise SecretMissing(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode()
+
+    async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A fibers.dev object, or None when it does not exist."""
+        try:
+            body = await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], body)
 
     async def replace_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any] | None = None

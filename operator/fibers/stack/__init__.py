@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +102,7 @@ def up() -> StackInfo:
                 for key, value in future.result().items():
                     setattr(info, key, value)
                 log.info("%s ready", name)
+        _start_local_executor(launcher, info)
     except BaseException:
         info.pids = dict(launcher.pids)
         _stop_all(info)
@@ -110,6 +112,30 @@ def up() -> StackInfo:
     _save(info)
     log.info("stack up", extra={"seconds": round(time.monotonic() - started, 1), "logs": str(info.log_dir)})
     return info
+
+
+def _start_local_executor(launcher: Launcher, info: StackInfo) -> None:
+    """Our stand-in for the Spark Operator's controller; ready once its CRD is served."""
+    import httpx
+
+    argv = [
+        sys.executable,
+        "-m",
+        "fibers.stack.local_executor",
+        "--kubeconfig",
+        info.kubeconfig,
+        "--log-dir",
+        str(info.log_dir),
+    ]
+    launcher.spawn("local-executor", argv, env=info.env())
+    url = f"{info.apiserver}/apis/sparkoperator.k8s.io/v1beta2"
+    headers = {"Authorization": f"Bearer {kube.ADMIN_TOKEN}"}
+    launcher.wait(
+        "local-executor",
+        lambda: httpx.get(url, headers=headers, verify=False, timeout=2).status_code == 200,
+        timeout=60,
+    )
+    log.info("local-executor ready")
 
 
 def _save(info: StackInfo) -> None:
@@ -131,7 +157,7 @@ def start_component(name: str, ready: Callable[[], bool], timeout: float = 120) 
         raise KeyError(f"no stack component {name!r}")
     launcher = Launcher(Path(info.run_dir))
     command = info.commands[name]
-    launcher.spawn(name, command["argv"], user=command.get("user"))
+    launcher.spawn(name, command["argv"], user=command.get("user"), env=command.get("env"))
     launcher.wait(name, ready, timeout)
     info.pids[name] = launcher.pids[name]
     _save(info)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fibers.stack.layout import artifacts, cache_dir, tools_dir, versions
+from fibers.stack.layout import artifacts, cache_dir, helm_bin, helm_version, tools_dir, versions
 from fibers.stack.process import log_tail
 
 log = logging.getLogger("fibers.stack.fetch")
@@ -135,12 +135,38 @@ def spark_kafka_jars() -> Path:
     return _build_into(artifacts().spark_kafka_jars, lambda out: _mvn_copy("spark-kafka", out))
 
 
+def helm() -> Path:
+    """helm v3, with its default Kubernetes version set to the stack's (helm v3 otherwise assumes 1.20)."""
+    binary, version = helm_bin(), helm_version()
+    minor = versions().kubernetes.split(".")[1]
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X helm.sh/helm/v3/internal/version.version={version}",
+            *(f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersionMajor=1" for pkg in ("chartutil", "lint/rules")),
+            *(f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersionMinor={minor}" for pkg in ("chartutil", "lint/rules")),
+        ]
+    )
+
+    def build(out: Path) -> None:
+        log.info("building helm %s (cold: a few minutes)", version)
+        _run(
+            ["go", "build", "-ldflags", ldflags, "-o", str(out / binary.name), "helm.sh/helm/v3/cmd/helm"],
+            tools_dir() / "helm",
+            _go_env(),
+        )
+
+    _build_into(binary.parent, build)
+    return binary
+
+
 COMPONENTS: dict[str, Callable[[], Path]] = {
     "kafka": kafka,
     "connect-plugins": connect_plugins,
     "spark-kafka": spark_kafka_jars,
     "ferretdb": ferretdb,
     "kubernetes": kubernetes,
+    "helm": helm,
 }
 
 

@@ -23,11 +23,11 @@ class Launcher:
     def log_file(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def spawn(self, name: str, argv: list[str], *, user: str | None = None) -> int:
-        pid = process.spawn(argv, self.log_file(name), user=user)
+    def spawn(self, name: str, argv: list[str], *, user: str | None = None, env: dict[str, str] | None = None) -> int:
+        pid = process.spawn(argv, self.log_file(name), user=user, env=env)
         with self._lock:
             self.pids[name] = pid
-            self.commands[name] = {"argv": argv, "user": user}
+            self.commands[name] = {"argv": argv, "user": user, "env": env}
         return pid
 
     def wait(self, name: str, ready: Callable[[], bool], timeout: float) -> None:

@@ -91,6 +91,15 @@ def recipe_hash(recipe: str) -> str:
     return digest.hexdigest()[:8]
 
 
+def helm_version() -> str:
+    """helm is for the chart tests only, so it stays out of Versions and Artifacts (a running stack never needs it)."""
+    return _go_require(tools_dir() / "helm" / "go.mod", "helm.sh/helm/v3")
+
+
+def helm_bin() -> Path:
+    return cache_dir() / "bin" / f"helm-{helm_version()}-{recipe_hash('helm')}" / "helm"
+
+
 def artifacts() -> Artifacts:
     v, c = versions(), cache_dir()
     return Artifacts(

@@ -1,0 +1,822 @@
+"""The Spark driver program of a Transform: read the inputs, run the SQL (or entrypoint), write the result.
+
+Run as ``python -m fibers.jobs.transform --spec '<json>'`` with the spec the operator renders.
+
+Exit codes: 0 the batch finished, or a streaming query was stopped by SIGTERM/SIGINT; 1 the job failed
+(``fibers-transform: error: <Spark's message>`` on stderr); 2 the spec cannot be run (the message says
+which field to fix). A run that ends with 0 prints ``FIBERS_RESULT {...}`` as its last stdout line, and
+also writes it to the result ConfigMap when the spec names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import itertools
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from fibers import logs
+from fibers.redact import redact, truncate
+from fibers.spark import session
+
+if TYPE_CHECKING:
+    from pymongo.collection import Collection
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+log = logging.getLogger("fibers.jobs.transform")
+
+MODES = ("batch", "streaming")
+SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
+DEFAULT_TRIGGER_SECONDS = 2.0
+MONGO_TIMEOUT_MS = 15_000
+MONGO_BATCH = 500
+_VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Entrypoint = Callable[[SparkSession, dict[str, DataFrame]], object]
+
+
+class SpecError(ValueError):
+    """The rendered spec cannot be run; the message names the field to fix (exit code 2)."""
+
+
+# --- the spec ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    topics: tuple[str, ...]
+    schema: str | None = None
+    starting_offsets: str = "earliest"
+
+
+@dataclass(frozen=True)
+class FilesSource:
+    path: str
+    format: str
+    options: dict[str, str] = field(default_factory=dict)
+    schema: str | None = None
+
+
+@dataclass(frozen=True)
+class MongoSource:
+    uri_env: str
+    database: str
+    collection: str
+    schema: str | None = None
+
+
+Source = KafkaSource | FilesSource | MongoSource
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class KafkaSink:
+    topic: str
+    key_column: str | None = None
+
+
+@dataclass(frozen=True)
+class FilesSink:
+    path: str
+    format: str
+    mode: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MongoSink:
+    uri_env: str
+    database: str
+    collection: str
+    id_column: str | None = None
+
+
+Sink = KafkaSink | FilesSink | MongoSink
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    namespace: str | None
+    run: str
+    mode: str
+    inputs: tuple[Input, ...]
+    sql: str | None = None
+    entrypoint: str | None = None
+    output: Sink | None = None
+    bootstrap_servers: str | None = None
+    stream_back_topic: str | None = None
+    checkpoint_location: str | None = None
+    trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    master: str = "local[2]"
+    result_config_map: str | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return self.mode == "streaming"
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"the spec is not valid JSON: {exc}") from None
+        return cls.from_dict(_obj(raw, "spec"))
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> JobSpec:
+        """Parse and check everything that can be checked without Spark, so mistakes exit 2 up front."""
+        name = _req_str(raw, "name", "spec")
+        mode = _opt_str(raw, "mode", "spec") or "batch"
+        if mode not in MODES:
+            raise SpecError(f"spec.mode must be one of {', '.join(MODES)}, not {mode!r}")
+        raw_inputs = raw.get("inputs") or []
+        if not isinstance(raw_inputs, list):
+            raise SpecError("spec.inputs must be a list")
+        stream_back = raw.get("streamBack")
+        spec = cls(
+            name=name,
+            namespace=_opt_str(raw, "namespace", "spec"),
+            run=_opt_str(raw, "run", "spec") or name,
+            mode=mode,
+            inputs=tuple(_parse_input(item, f"spec.inputs[{i}]") for i, item in enumerate(raw_inputs)),
+            sql=_opt_str(raw, "sql", "spec"),
+            entrypoint=_opt_str(raw, "entrypoint", "spec"),
+            output=_parse_output(raw.get("output")),
+            bootstrap_servers=_opt_str(_obj(raw.get("kafka") or {}, "spec.kafka"), "bootstrapServers", "spec.kafka"),
+            stream_back_topic=None if stream_back is None else _req_str(stream_back, "topic", "spec.streamBack"),
+            checkpoint_location=_opt_str(
+                _obj(raw.get("checkpoint") or {}, "spec.checkpoint"), "location", "spec.checkpoint"
+            ),
+            trigger_seconds=_trigger_seconds(raw.get("trigger")),
+            spark_conf=_str_map(raw.get("sparkConf"), "spec.sparkConf"),
+            master=_opt_str(raw, "master", "spec") or "local[2]",
+            result_config_map=_opt_str(raw, "resultConfigMap", "spec"),
+        )
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Rules that involve more than one field."""
+        if (self.sql is None) == (self.entrypoint is None):
+            raise SpecError("set exactly one of spec.sql and spec.entrypoint")
+        if self.entrypoint is not None:
+            _split_entrypoint(self.entrypoint)
+        seen: set[str] = set()
+        for item in self.inputs:
+            if item.name.lower() in seen:  # Spark's view names are case-insensitive
+                raise SpecError(f"two inputs are named {item.name!r}")
+            seen.add(item.name.lower())
+        if self.uses_kafka and not self.bootstrap_servers:
+            raise SpecError(
+                "spec.kafka.bootstrapServers is required when an input, the output or streamBack uses Kafka"
+            )
+        if self.result_config_map and not self.namespace:
+            raise SpecError("spec.namespace is required when spec.resultConfigMap is set")
+        if self.streaming:
+            self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        if not self.checkpoint_location:
+            raise SpecError(
+                "spec.checkpoint.location is required in streaming mode (the query's progress is kept there)"
+            )
+        if self.output is None:
+            raise SpecError("spec.output is required in streaming mode (a streaming query needs a sink)")
+        if isinstance(self.output, MongoSink):
+            raise SpecError("spec.output.mongodb is batch-only; use mode batch or a kafka/files output")
+        if isinstance(self.output, FilesSink) and self.output.mode not in (None, "append"):
+            raise SpecError("spec.output.files.mode must be append in streaming mode (file sinks only append)")
+        if self.stream_back_topic is not None:
+            raise SpecError("spec.streamBack is batch-only; in streaming mode write the output to Kafka instead")
+        for i, item in enumerate(self.inputs):
+            where = f"spec.inputs[{i}] ({item.name})"
+            if isinstance(item.source, MongoSource):
+                raise SpecError(f"{where}: mongodb inputs are batch-only (FerretDB has no change streams)")
+            if isinstance(item.source, FilesSource) and item.source.schema is None and item.source.format != "text":
+                raise SpecError(f"{where}: files.schema is required in streaming mode (Spark does not infer it)")
+
+    @property
+    def uses_kafka(self) -> bool:
+        return (
+            any(isinstance(item.source, KafkaSource) for item in self.inputs)
+            or isinstance(self.output, KafkaSink)
+            or self.stream_back_topic is not None
+        )
+
+    def uri_envs(self) -> list[str]:
+        """Names of the environment variables holding MongoDB URIs (their values are never logged)."""
+        names = [item.source.uri_env for item in self.inputs if isinstance(item.source, MongoSource)]
+        if isinstance(self.output, MongoSink):
+            names.append(self.output.uri_env)
+        return names
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where} must be an object")
+    return value
+
+
+def _opt_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(f"{where}.{key} must be a non-empty string")
+    return value
+
+
+def _req_str(raw: Any, key: str, where: str) -> str:
+    value = _opt_str(_obj(raw, where), key, where)
+    if value is None:
+        raise SpecError(f"{where}.{key} is required")
+    return value
+
+
+def _str_map(value: Any, where: str) -> dict[str, str]:
+    """Spark options and conf are strings; accept JSON scalars the way a YAML author would write them."""
+    result: dict[str, str] = {}
+    for key, item in _obj(value or {}, where).items():
+        if isinstance(item, bool):
+            result[key] = "true" if item else "false"
+        elif isinstance(item, str | int | float):
+            result[key] = str(item)
+        else:
+            raise SpecError(f"{where}.{key} must be a string, number or boolean")
+    return result
+
+
+def _one_of(raw: Mapping[str, Any], kinds: tuple[str, ...], where: str) -> str:
+    present = [kind for kind in kinds if raw.get(kind) is not None]
+    if len(present) != 1:
+        raise SpecError(f"{where} must have exactly one of {', '.join(kinds)}")
+    return present[0]
+
+
+def _trigger_seconds(raw: Any) -> float:
+    value = _obj(raw or {}, "spec.trigger").get("processingTimeSeconds", DEFAULT_TRIGGER_SECONDS)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise SpecError("spec.trigger.processingTimeSeconds must be a positive number")
+    return float(value)
+
+
+def _parse_input(raw: Any, where: str) -> Input:
+    name = _req_str(raw, "name", where)
+    if not _VIEW_NAME.match(name):
+        raise SpecError(f"{where}.name {name!r} must be a SQL identifier (letters, digits, _), it names a view")
+    kind = _one_of(raw, ("kafka", "files", "mongodb"), where)
+    body, at = _obj(raw[kind], f"{where}.{kind}"), f"{where}.{kind}"
+    source: Source
+    if kind == "kafka":
+        topics = body.get("topics")
+        if not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics):
+            raise SpecError(f"{at}.topics must be a non-empty list of topic names")
+        offsets = _opt_str(body, "startingOffsets", at) or "earliest"
+        source = KafkaSource(tuple(topics), _opt_str(body, "schema", at), offsets)
+    elif kind == "files":
+        options = _str_map(body.get("options"), f"{at}.options")
+        source = FilesSource(
+            _req_str(body, "path", at), _req_str(body, "format", at), options, _opt_str(body, "schema", at)
+        )
+    else:
+        uri_env, database = _req_str(body, "uriEnv", at), _req_str(body, "database", at)
+        source = MongoSource(uri_env, database, _req_str(body, "collection", at), _opt_str(body, "schema", at))
+    return Input(name, source)
+
+
+def _parse_output(raw: Any) -> Sink | None:
+    if raw is None:
+        return None
+    kind = _one_of(_obj(raw, "spec.output"), ("kafka", "files", "mongodb"), "spec.output")
+    body, at = _obj(raw[kind], f"spec.output.{kind}"), f"spec.output.{kind}"
+    if kind == "kafka":
+        return KafkaSink(_req_str(body, "topic", at), _opt_str(body, "keyColumn", at))
+    if kind == "files":
+        mode = _opt_str(body, "mode", at)
+        if mode is not None and mode not in SAVE_MODES:
+            raise SpecError(f"{at}.mode must be one of {', '.join(SAVE_MODES)}, not {mode!r}")
+        options = _str_map(body.get("options"), f"{at}.options")
+        return FilesSink(_req_str(body, "path", at), _req_str(body, "format", at), mode, options)
+    uri_env, database = _req_str(body, "uriEnv", at), _req_str(body, "database", at)
+    return MongoSink(uri_env, database, _req_str(body, "collection", at), _opt_str(body, "idColumn", at))
+
+
+def _split_entrypoint(entrypoint: str) -> tuple[str, str]:
+    module, sep, function = entrypoint.partition(":")
+    if not sep or not module or not function:
+        raise SpecError(f"spec.entrypoint must look like package.module:function, not {entrypoint!r}")
+    return module, function
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+def build_views(spark: SparkSession, spec: JobSpec) -> dict[str, DataFrame]:
+    """Read every input and register it as a temp view, so the SQL can name it."""
+    views: dict[str, DataFrame] = {}
+    for item in spec.inputs:
+        frame = _read(spark, spec, item.source)
+        frame.createOrReplaceTempView(item.name)
+        views[item.name] = frame
+        log.info("input ready", extra={"view": item.name, "kind": type(item.source).__name__})
+    return views
+
+
+def _read(spark: SparkSession, spec: JobSpec, source: Source) -> DataFrame:
+    if isinstance(source, KafkaSource):
+        return _read_kafka(spark, spec, source)
+    if isinstance(source, FilesSource):
+        return _read_files(spark, spec.streaming, source)
+    return read_mongodb(spark, source)
+
+
+def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrame:
+    """Batch reads what the topics hold now (start → latest); streaming follows them from the start."""
+    options = {
+        "kafka.bootstrap.servers": cast(str, spec.bootstrap_servers),
+        "subscribe": ",".join(source.topics),
+        "startingOffsets": source.starting_offsets,
+    }
+    if spec.streaming:
+        raw = spark.readStream.format("kafka").options(**options).load()
+    else:
+        raw = spark.read.format("kafka").options(**options, endingOffsets="latest").load()
+    return decode_kafka(raw, source.schema)
+
+
+def decode_kafka(raw: DataFrame, schema: str | None) -> DataFrame:
+    """Kafka rows as the SQL wants them: the JSON value's fields when a schema is given, else the record.
+
+    Tombstones (null values, as Debezium emits after a delete) carry no fields and are dropped when
+    a schema is given.
+    """
+    if schema is None:
+        return raw.select(
+            F.col("key").cast("string").alias("key"),
+            F.col("value").cast("string").alias("value"),
+            "topic",
+            "partition",
+            "offset",
+            "timestamp",
+        )
+    parsed = F.from_json(F.col("value").cast("string"), schema).alias("parsed")
+    return raw.where(F.col("value").isNotNull()).select(parsed).select("parsed.*")
+
+
+def _read_files(spark: SparkSession, streaming: bool, source: FilesSource) -> DataFrame:
+    if streaming:
+        stream_reader = spark.readStream.format(source.format).options(**source.options)
+        if source.schema is not None:
+            stream_reader = stream_reader.schema(source.schema)
+        return stream_reader.load(source.path)
+    reader = spark.read.format(source.format).options(**source.options)
+    if source.schema is not None:
+        reader = reader.schema(source.schema)
+    return reader.load(source.path)
+
+
+def read_mongodb(spark: SparkSession, source: MongoSource) -> DataFrame:
+    """A whole collection read through pymongo in the driver.
+
+    Fine for reference-sized collections (thousands of documents, not millions): every document passes
+    through the driver's memory. FerretDB speaks the MongoDB protocol but has no change streams, so
+    there is no streaming variant.
+    """
+    from pymongo import MongoClient
+
+    uri = env_value(source.uri_env)
+    client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+    try:
+        documents = list(client[source.database][source.collection].find())
+    finally:
+        client.close()
+    log.info("read mongodb collection", extra={"collection": source.collection, "documents": len(documents)})
+    return documents_frame(spark, documents, source.schema)
+
+
+def documents_frame(spark: SparkSession, documents: Iterable[Mapping[str, Any]], schema: str | None) -> DataFrame:
+    """Documents → DataFrame through JSON, so nested documents become structs and ObjectIds strings."""
+    lines = [json.dumps(doc, default=_json_scalar) for doc in documents]
+    if not lines:
+        no_rows: list[Row] = []
+        return spark.createDataFrame(no_rows, StructType() if schema is None else schema)
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.json(spark.sparkContext.parallelize(lines, 1))
+
+
+def _json_scalar(value: Any) -> Any:
+    """BSON values JSON has no type for: ObjectId → hex string, dates → ISO 8601, binary → base64."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return str(value)  # ObjectId, Decimal128, Timestamp, …
+
+
+def env_value(name: str) -> str:
+    """A connection URI handed to the pod through the environment (the spec only names the variable)."""
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"environment variable {name} is not set (it should hold the MongoDB URI)")
+    return value
+
+
+# --- the transformation --------------------------------------------------------------------------
+
+
+def transform(spark: SparkSession, spec: JobSpec, views: dict[str, DataFrame]) -> DataFrame:
+    """The spec's SQL over the views, or the user's entrypoint function given the same views."""
+    if spec.sql is not None:
+        return spark.sql(spec.sql)
+    entrypoint = cast(str, spec.entrypoint)
+    result = load_entrypoint(entrypoint)(spark, views)
+    if not isinstance(result, DataFrame):
+        raise TypeError(f"entrypoint {entrypoint} returned {type(result).__name__}, not a DataFrame")
+    return result
+
+
+def load_entrypoint(entrypoint: str) -> Entrypoint:
+    module_name, attribute = _split_entrypoint(entrypoint)
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"entrypoint {entrypoint} is not callable")
+    return cast(Entrypoint, target)
+
+
+# --- outputs -------------------------------------------------------------------------------------
+
+
+def kafka_records(frame: DataFrame, key_column: str | None) -> DataFrame:
+    """The key and value columns Kafka's sink wants: the whole row as a JSON object in the value."""
+    value = F.to_json(F.struct(*[F.col(_quoted(column)) for column in frame.columns])).alias("value")
+    if key_column is None:
+        return frame.select(value)
+    return frame.select(F.col(_quoted(key_column)).cast("string").alias("key"), value)
+
+
+def _quoted(column: str) -> str:
+    """A column name Spark takes literally (dots in names would otherwise mean struct fields)."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def write_outputs(spec: JobSpec, result: DataFrame) -> None:
+    """Batch: write the result to the output, then to the streamBack topic (both read the cached result)."""
+    if spec.output is not None:
+        _write_batch(spec, spec.output, result)
+        log.info("output written", extra={"sink": type(spec.output).__name__})
+    if spec.stream_back_topic is not None:
+        _write_batch(spec, KafkaSink(spec.stream_back_topic), result)
+        log.info("result streamed back", extra={"topic": spec.stream_back_topic})
+
+
+def _write_batch(spec: JobSpec, sink: Sink, result: DataFrame) -> None:
+    if isinstance(sink, KafkaSink):
+        writer = kafka_records(result, sink.key_column).write.format("kafka").mode("append")
+        writer.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic).save()
+    elif isinstance(sink, FilesSink):
+        result.write.format(sink.format).options(**sink.options).mode(sink.mode or "overwrite").save(sink.path)
+    else:
+        uri = env_value(sink.uri_env)  # read here: executors of a cluster may not have the variable
+        result.foreachPartition(mongo_partition_writer(uri, sink.database, sink.collection, sink.id_column))
+
+
+def mongo_partition_writer(
+    uri: str, database: str, collection: str, id_column: str | None
+) -> Callable[[Iterator[Row]], None]:
+    """What each Spark task runs: one client per partition, documents sent in batches."""
+
+    def write(rows: Iterator[Row]) -> None:
+        first = next(rows, None)
+        if first is None:
+            return  # no connection for an empty partition
+        from pymongo import MongoClient
+
+        client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+        try:
+            documents = (bson_ready(row.asDict(recursive=True)) for row in itertools.chain([first], rows))
+            store_documents(client[database][collection], documents, id_column)
+        finally:
+            client.close()
+
+    return write
+
+
+def store_documents(
+    collection: Collection[dict[str, Any]], documents: Iterable[dict[str, Any]], id_column: str | None
+) -> int:
+    """Upsert by id_column (as _id) so a rerun replaces its rows; insert when there is no id column."""
+    from pymongo import ReplaceOne
+
+    stored = 0
+    iterator = iter(documents)
+    while batch := list(itertools.islice(iterator, MONGO_BATCH)):
+        if id_column is None:
+            collection.insert_many(batch, ordered=False)
+        else:
+            collection.bulk_write([ReplaceOne({"_id": _doc_id(d, id_column)}, d, upsert=True) for d in batch])
+        stored += len(batch)
+    return stored
+
+
+def _doc_id(document: dict[str, Any], id_column: str) -> Any:
+    value = document.get(id_column)
+    if value is None:
+        raise ValueError(f"a row has no value in idColumn {id_column!r}; it cannot be upserted")
+    document["_id"] = value
+    return value
+
+
+def bson_ready(value: Any) -> Any:
+    """Spark values BSON cannot encode as they are: decimals, dates without a time, non-string map keys.
+
+    Decimals become doubles: FerretDB has no decimal128 (it drops the connection on one).
+    """
+    if isinstance(value, dict):
+        return {str(k): bson_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [bson_ready(v) for v in value]
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return datetime(value.year, value.month, value.day)
+    return value
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobResult:
+    records_out: int
+    streamed_back: int | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, int | float | None]:
+        return {"recordsOut": self.records_out, "streamedBack": self.streamed_back, "seconds": round(self.seconds, 3)}
+
+
+def run(spark: SparkSession, spec: JobSpec) -> JobResult:
+    """One batch: the result is cached and counted once, so the writes do not run the SQL again."""
+    started = time.monotonic()
+    result = transform(spark, spec, build_views(spark, spec)).cache()
+    try:
+        records = result.count()
+        log.info("result computed", extra={"records": records})
+        write_outputs(spec, result)
+    finally:
+        result.unpersist()
+    streamed_back = records if spec.stream_back_topic is not None else None
+    return JobResult(records, streamed_back, time.monotonic() - started)
+
+
+def run_streaming(spark: SparkSession, spec: JobSpec, stop: threading.Event, poll_seconds: int = 1) -> JobResult:
+    """Run the query until `stop` is set (main sets it on SIGTERM/SIGINT); a failed query raises.
+
+    recordsOut counts the rows the sink reports writing in this run (for sinks that do not report it,
+    such as files, the rows read instead).
+    """
+    started = time.monotonic()
+    result = transform(spark, spec, build_views(spark, spec))
+    if not result.isStreaming:
+        raise TypeError("the transformation does not read any stream; use mode batch for this spec")
+    query = start_query(spec, result)
+    log.info("streaming query started", extra={"query": query.name, "checkpoint": spec.checkpoint_location})
+    counter = RowCounter()
+    try:
+        while not stop.is_set():
+            if query.awaitTermination(poll_seconds):  # raises StreamingQueryException if the query failed
+                break
+            counter.add(query.recentProgress)
+    finally:
+        stop_query(query)
+    counter.add(query.recentProgress)
+    log.info("streaming query stopped", extra={"query": query.name, "records": counter.rows})
+    return JobResult(counter.rows, None, time.monotonic() - started)
+
+
+def start_query(spec: JobSpec, result: DataFrame) -> StreamingQuery:
+    milliseconds = max(1, round(spec.trigger_seconds * 1000))
+    writer = (
+        _stream_writer(spec, result)
+        .queryName(spec.run)
+        .outputMode("append")
+        .option("checkpointLocation", cast(str, spec.checkpoint_location))
+        .trigger(processingTime=f"{milliseconds} milliseconds")
+    )
+    return writer.start()
+
+
+def _stream_writer(spec: JobSpec, result: DataFrame) -> DataStreamWriter:
+    sink = spec.output
+    if isinstance(sink, KafkaSink):
+        records = kafka_records(result, sink.key_column).writeStream.format("kafka")
+        return records.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic)
+    if isinstance(sink, FilesSink):
+        return result.writeStream.format(sink.format).options(**sink.options).option("path", sink.path)
+    raise SpecError("streaming needs a kafka or files output")  # JobSpec.check rules this out
+
+
+def stop_query(query: StreamingQuery, patience_seconds: float = 10.0) -> None:
+    """Let a running micro-batch finish (up to a limit) before stopping, so less work is redone on restart."""
+    if not query.isActive:
+        return
+    deadline = time.monotonic() + patience_seconds
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+class RowCounter:
+    """Sums rows over micro-batches, each once, from the progress reports Spark keeps."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._last_report = ""  # ISO 8601 UTC timestamps of reports sort as strings
+
+    def add(self, progress: Iterable[StreamingQueryProgress]) -> None:
+        for report in progress:
+            if report.timestamp <= self._last_report:
+                continue
+            written = report.sink.numOutputRows
+            self.rows += written if written >= 0 else report.numInputRows
+            self._last_report = report.timestamp
+
+
+# --- reporting and main --------------------------------------------------------------------------
+
+
+def publish(spec: JobSpec, result: JobResult) -> None:
+    """The result for the operator: in the ConfigMap when named, and always as the last stdout line."""
+    if spec.result_config_map:
+        write_result_config_map(cast(str, spec.namespace), spec.result_config_map, spec.name, result)
+    print(f"FIBERS_RESULT {json.dumps(result.to_dict())}", flush=True)
+
+
+def write_result_config_map(namespace: str, name: str, transform_name: str, result: JobResult) -> bool:
+    """Create or replace the ConfigMap; Kubernetes being out of reach is a warning, never a job failure.
+
+    Values are strings, as ConfigMaps require; a missing value (no streamBack) is the empty string.
+    """
+    try:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        from fibers.kube import load_client
+
+        core = client.CoreV1Api(load_client())
+        labels = {"app.kubernetes.io/managed-by": "fibers", "fibers.dev/transform": transform_name}
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+            data={key: "" if value is None else str(value) for key, value in result.to_dict().items()},
+        )
+        try:
+            core.create_namespaced_config_map(namespace, body, _request_timeout=10)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            core.replace_namespaced_config_map(name, namespace, body, _request_timeout=10)
+    except Exception as exc:
+        log.warning(
+            "could not write the result ConfigMap",
+            extra={"configmap": f"{namespace}/{name}", "error": truncate(_first_line(exc), 300)},
+        )
+        return False
+    log.info("result ConfigMap written", extra={"configmap": f"{namespace}/{name}"})
+    return True
+
+
+def error_message(exc: BaseException) -> str:
+    """Spark's own words for a Spark failure (error class first), the exception otherwise."""
+    if isinstance(exc, PySparkException):
+        return (exc.getMessage() or str(exc)).strip()
+    java_exception = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError
+    if java_exception is not None:
+        text = str(java_exception.toString()).strip()
+        cause = python_worker_error(text)
+        return f"{cause} (raised in a Python worker)\n{text}" if cause else text
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def python_worker_error(text: str) -> str | None:
+    """The exception line of a Python traceback Spark relays from a worker (foreachPartition, UDFs).
+
+    Spark's own first line only says the stage failed; the cause is the traceback's last line.
+    """
+    _, found, rest = text.partition("Traceback (most recent call last):")
+    if not found:
+        return None
+    last = None
+    for line in rest.splitlines()[1:]:
+        if line.startswith("\tat ") or line.startswith("Caused by:"):
+            break  # the Java stack that follows the traceback
+        if line and not line[0].isspace():
+            last = line
+    return last
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _secrets(spec: JobSpec) -> list[str]:
+    return [value for name in spec.uri_envs() if (value := os.environ.get(name))]
+
+
+def _fail(exc: BaseException, secrets: list[str]) -> int:
+    """Exit 1 with one error line; a traceback first when the failure is not Spark's (user code, pymongo)."""
+    if not isinstance(exc, PySparkException) and getattr(exc, "java_exception", None) is None:
+        sys.stderr.write(redact("".join(traceback.format_exception(exc)), secrets))
+    print(f"fibers-transform: error: {redact(error_message(exc), secrets)}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM (pod deletion) and SIGINT only set a flag; the streaming loop stops the query cleanly."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)  # replaces the handler pyspark installs (cancel jobs, raise)
+
+
+def _quiet_sql_error_log() -> None:
+    """pyspark logs each SQL error with both stack traces, twice (~10 KB); the error line already says it."""
+    from pyspark.logger import PySparkLogger
+
+    PySparkLogger.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="fibers-transform", description="Run one Fibers Transform in Spark.")
+    parser.add_argument("--spec", required=True, help="the job spec as JSON, as the operator renders it")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logs.setup()
+    _quiet_sql_error_log()
+    try:
+        args = _parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        spec = JobSpec.from_json(args.spec)
+    except SpecError as exc:
+        print(f"fibers-transform: error: invalid spec: {exc}", file=sys.stderr, flush=True)
+        return 2
+    log.info("transform starting", extra={"transform": spec.name, "run": spec.run, "mode": spec.mode})
+    # Python workers (foreachPartition, UDFs) must run this interpreter, not whatever python3 is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark: SparkSession | None = None
+    try:
+        spark = session(f"fibers-{spec.run}", master=spec.master, conf=spec.spark_conf)
+        if spec.streaming:
+            stop = threading.Event()
+            _stop_on_signals(stop)
+            result = run_streaming(spark, spec, stop)
+        else:
+            result = run(spark, spec)
+    except Exception as exc:
+        return _fail(exc, _secrets(spec))
+    finally:
+        if spark is not None:
+            spark.stop()
+    publish(spec, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The Transform kind: PySpark jobs run as Spark Operator SparkApplications."""

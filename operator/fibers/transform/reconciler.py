@@ -1,0 +1,160 @@
+"""The Transform reconciler: read, plan, act, report — one Transform at a time.
+
+It runs on every Transform change, on every change of one of its SparkApplications, and on a
+short timer (schedules, submission deadlines). A run is recorded in status before its
+SparkApplication is created, so an operator that dies in between creates that same run again
+instead of a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from fibers.api import ANNOTATION_PAUSED, object_ref
+from fibers.conditions import format_time, utcnow
+from fibers.connect.spec import PLURAL as CONNECT_PLURAL
+from fibers.kube import Kube
+from fibers.transform import runs, sparkapp
+from fibers.transform.runs import TransformView
+from fibers.transform.sparkapp import SparkApplications
+from fibers.transform.spec import KIND, PLURAL, Defaults, InputsNotReady, render_job, spec_hash
+
+log = logging.getLogger("fibers.transform")
+
+
+class TransformReconciler:
+    def __init__(self, kube: Kube, defaults: Defaults) -> None:
+        self.kube = kube
+        self.defaults = defaults
+        self.apps = SparkApplications(kube.api)
+        self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def _connect_topics(self, namespace: str, spec: dict[str, Any]) -> dict[str, list[str]]:
+        topics: dict[str, list[str]] = {}
+        for item in spec.get("inputs") or []:
+            ref = (item.get("connectRef") or {}).get("name")
+            if ref and ref not in topics:
+                connect = await self.kube.get_object(CONNECT_PLURAL, namespace, ref)
+                if connect is None:
+                    raise InputsNotReady(f"Connect {ref} does not exist in {namespace}")
+                topics[ref] = list((connect.get("status") or {}).get("topics") or [])
+        return topics
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        async with self._locks[(namespace, name)]:
+            body = await self.kube.get_object(PLURAL, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            await self._reconcile(TransformView(body))
+
+    async def _reconcile(self, view: TransformView) -> None:
+        namespace = view.body["metadata"]["namespace"]
+        ctx = {"namespace": namespace, "resource": view.name}
+        apps = await self.apps.list_for(namespace, view.name)
+        paused = (view.body["metadata"].get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+        now = utcnow()
+        plan = runs.Plan() if paused else runs.plan(view, apps, now)
+        status = view.status
+        current = dict(view.current)
+
+        for name in plan.delete:
+            await self.apps.delete(namespace, name)
+            await self._delete_result(namespace, name)
+            log.info("run deleted", extra={**ctx, "run": name})
+        if plan.suspend_current:
+            current["applicationState"] = runs.SUSPENDED
+        if plan.deadline_failed:
+            current.update(
+                applicationState=runs.DEADLINE, errorMessage=plan.deadline_failed, finishedAt=format_time(now)
+            )
+            self._event(view, runs.DEADLINE, f"run {current.get('name')}: {plan.deadline_failed}", warning=True)
+        if plan.schedule_time is not None:
+            status["lastScheduleTime"] = format_time(plan.schedule_time)
+        if plan.rerun_nonce:
+            status["lastRerunNonce"] = plan.rerun_nonce
+
+        waiting = ""
+        if plan.start:
+            run, trigger = plan.start
+            try:
+                job = render_job(
+                    view.spec,
+                    name=view.name,
+                    namespace=namespace,
+                    run=run,
+                    connect_topics=await self._connect_topics(namespace, view.spec),
+                    defaults=self.defaults,
+                )
+            except InputsNotReady as exc:
+                waiting = str(exc)
+            else:
+                if current.get("name") != run:
+                    current = {
+                        "name": run,
+                        "submissionId": str(uuid.uuid4()),
+                        "specHash": spec_hash(view.spec),
+                        "trigger": trigger,
+                        "submittedAt": format_time(now),
+                    }
+                # Write-ahead: the run is in status before its SparkApplication exists.
+                status = {**status, "currentRun": current}
+                await self.kube.replace_status(PLURAL, namespace, view.name, status, view.status)
+                view.body["status"] = status
+                app = sparkapp.build(view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
+                created = await self.apps.create(app)
+                log.info(
+                    "run submitted" if created else "run already submitted",
+                    extra={**ctx, "run": run, "trigger": trigger},
+                )
+                if created:
+                    self._event(view, "RunSubmitted", f"submitted run {run} ({trigger})")
+                apps = await self.apps.list_for(namespace, view.name)
+
+        current_app = next((a for a in apps if a["metadata"]["name"] == current.get("name")), None)
+        if current_app is not None and current.get("applicationState") in (runs.SUSPENDED, runs.DEADLINE):
+            current_app = None  # being deleted; keep what we recorded
+        result = {}
+        if current_app is not None and sparkapp.state_of(current_app) in sparkapp.FINISHED_OK:
+            result = await self.apps.result(namespace, current["name"])
+        mirrored = runs.mirror_run(current, current_app, result)
+        view.body["status"] = status
+        new_status = runs.report(view, mirrored, now, waiting=waiting)
+        await self._publish(view, new_status, ctx)
+
+    async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:
+        before = view.status
+        if status == before:
+            return
+        namespace = view.body["metadata"]["namespace"]
+        await self.kube.replace_status(PLURAL, namespace, view.name, status, before)
+        old_phase, new_phase = before.get("phase"), status.get("phase")
+        if old_phase != new_phase:
+            ready: dict[str, Any] = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+            log.info("phase %s", new_phase, extra={**ctx, "reason": ready.get("reason")})
+            if new_phase in ("Succeeded", "Failed", "Running", "Suspended"):
+                self._event(
+                    view, str(ready.get("reason")), str(ready.get("message", "")), warning=new_phase == "Failed"
+                )
+
+    async def _delete_result(self, namespace: str, run: str) -> None:
+        try:
+            await asyncio.to_thread(self.kube.core.delete_namespaced_config_map, f"{run}-result", namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _event(self, view: TransformView, reason: str, message: str, *, warning: bool = False) -> None:
+        meta = view.body["metadata"]
+        ref = object_ref(KIND, meta["namespace"], meta["name"], meta["uid"])
+        task = asyncio.create_task(self.kube.post_event(ref, reason, message, warning=warning))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+
+_background: set[asyncio.Task[None]] = set()

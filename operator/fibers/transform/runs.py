@@ -1,0 +1,246 @@
+"""Which runs a Transform should have, and what its status says (pure: no I/O).
+
+A run is one SparkApplication. `plan` looks at the spec, the recorded status and the
+SparkApplications that exist, and decides what to start and what to delete; `report` mirrors the
+current run into the Transform's status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from croniter import croniter
+
+from fibers import conditions
+from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
+from fibers.transform.sparkapp import FINISHED_FAILED, FINISHED_OK, RUNNING, finished, state_of
+from fibers.transform.spec import spec_hash
+
+SUSPENDED = "SUSPENDED"  # recorded in currentRun.applicationState when suspend stopped a run
+DEADLINE = "SubmissionDeadlineExceeded"
+
+
+@dataclass
+class TransformView:
+    """A Transform as read from the API, with the parts the planner needs."""
+
+    body: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.body["metadata"]["uid"])
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return dict(self.body.get("spec") or {})
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.body.get("status") or {})
+
+    @property
+    def current(self) -> dict[str, Any]:
+        return dict(self.status.get("currentRun") or {})
+
+    @property
+    def streaming(self) -> bool:
+        return self.spec.get("mode") == "streaming"
+
+    @property
+    def suspended(self) -> bool:
+        return self.spec.get("state") == "suspended"
+
+
+@dataclass
+class Plan:
+    start: tuple[str, str] | None = None  # (run name, trigger)
+    delete: list[str] = field(default_factory=list)
+    schedule_time: datetime | None = None  # the schedule slot a scheduled start is for
+    rerun_nonce: str | None = None
+    suspend_current: bool = False
+    deadline_failed: str = ""  # message when the current run exceeded its submission deadline
+
+
+def run_name(transform: str, uid: str, key: str) -> str:
+    """Deterministic, so a retried start after a crash names the same SparkApplication."""
+    digest = hashlib.sha256(f"{uid}/{key}".encode()).hexdigest()[:8]
+    return f"{transform[:48]}-{digest}"
+
+
+def _due_schedule(view: TransformView, now: datetime) -> datetime | None:
+    schedule = view.spec.get("schedule")
+    if not schedule:
+        return None
+    last = view.status.get("lastScheduleTime") or view.body["metadata"]["creationTimestamp"]
+    previous_slot: datetime = croniter(schedule, now).get_prev(datetime)
+    return previous_slot if previous_slot > parse_time(last) else None
+
+
+def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan:
+    result = Plan()
+    spec, current = view.spec, view.current
+    by_name = {a["metadata"]["name"]: a for a in apps}
+    current_app = by_name.get(current.get("name", ""))
+    active = [a["metadata"]["name"] for a in apps if not finished(a)]
+    digest = spec_hash(spec)
+
+    if view.suspended:
+        result.delete = active
+        result.suspend_current = bool(current and current_app is not None and not finished(current_app))
+        return _trim_history(view, apps, result)
+
+    if current_app is not None and not finished(current_app) and _past_deadline(view, current_app, now):
+        seconds = int(spec.get("submissionDeadlineSeconds", 300))
+        result.deadline_failed = f"no driver started within {seconds}s of submission"
+        result.delete.append(current_app["metadata"]["name"])
+        return _trim_history(view, apps, result)
+
+    nonce = spec.get("rerunNonce")
+    if nonce and nonce != view.status.get("lastRerunNonce"):
+        result.rerun_nonce = nonce
+        result.start = (run_name(view.name, view.uid, f"rerun/{nonce}/{digest}"), "rerun")
+    elif current.get("applicationState") == SUSPENDED:
+        result.start = (run_name(view.name, view.uid, f"resume/{now.timestamp():.0f}/{digest}"), "resume")
+    elif spec.get("schedule") and not view.streaming:
+        slot = _due_schedule(view, now)
+        if slot is not None:
+            result.schedule_time = slot
+            policy = spec.get("concurrencyPolicy", "Forbid")
+            if not active or policy == "Allow":
+                result.start = (run_name(view.name, view.uid, f"schedule/{format_time(slot)}"), "schedule")
+            elif policy == "Replace":
+                result.delete = list(active)
+                result.start = (run_name(view.name, view.uid, f"schedule/{format_time(slot)}"), "schedule")
+            # Forbid: the slot is skipped (lastScheduleTime still moves on).
+    elif not current or current.get("specHash") != digest:
+        trigger = "create" if not current else "spec-change"
+        result.start = (run_name(view.name, view.uid, f"{trigger}/{digest}"), trigger)
+    elif current_app is None and not current.get("applicationState"):
+        # Recorded but never created (the operator stopped in between): create it now.
+        result.start = (current["name"], current.get("trigger", "create"))
+
+    if result.start and (view.streaming or result.start[1] == "rerun"):
+        # One streaming query at a time; a rerun replaces a run still going.
+        result.delete = sorted(set(result.delete) | {n for n in active if n != result.start[0]})
+    return _trim_history(view, apps, result)
+
+
+def _past_deadline(view: TransformView, app: dict[str, Any], now: datetime) -> bool:
+    status = app.get("status") or {}
+    if (status.get("driverInfo") or {}).get("podName"):
+        return False
+    submitted = view.current.get("submittedAt") or app["metadata"]["creationTimestamp"]
+    return now - parse_time(submitted) > timedelta(seconds=int(view.spec.get("submissionDeadlineSeconds", 300)))
+
+
+def _trim_history(view: TransformView, apps: list[dict[str, Any]], result: Plan) -> Plan:
+    """Delete finished runs beyond the history limits (never the current run, never the Transform)."""
+    keep_ok = int(view.spec.get("successfulRunsHistoryLimit", 3))
+    keep_failed = int(view.spec.get("failedRunsHistoryLimit", 1))
+    current = view.current.get("name")
+    newest_first = list(reversed(apps))
+    ok = [
+        a["metadata"]["name"] for a in newest_first if state_of(a) in FINISHED_OK and a["metadata"]["name"] != current
+    ]
+    failed = [
+        a["metadata"]["name"]
+        for a in newest_first
+        if state_of(a) in FINISHED_FAILED and a["metadata"]["name"] != current
+    ]
+    # The current run counts towards its own limit.
+    current_app = next((a for a in apps if a["metadata"]["name"] == current), None)
+    if current_app is not None and state_of(current_app) in FINISHED_OK:
+        keep_ok -= 1
+    if current_app is not None and state_of(current_app) in FINISHED_FAILED:
+        keep_failed -= 1
+    excess = ok[max(keep_ok, 0) :] + failed[max(keep_failed, 0) :]
+    result.delete = sorted(set(result.delete) | set(excess))
+    return result
+
+
+def mirror_run(current: dict[str, Any], app: dict[str, Any] | None, result: dict[str, str]) -> dict[str, Any]:
+    """currentRun as the SparkApplication's status shows it."""
+    run = dict(current)
+    if app is None:
+        return run
+    status = app.get("status") or {}
+    state = state_of(app)
+    run["applicationState"] = state or "SUBMITTED"
+    if (status.get("driverInfo") or {}).get("podName"):
+        run["driverPod"] = status["driverInfo"]["podName"]
+    if status.get("executionAttempts") is not None:
+        run["attempts"] = int(status["executionAttempts"])
+    if status.get("lastSubmissionAttemptTime") and state:
+        run["startedAt"] = status["lastSubmissionAttemptTime"]
+    if status.get("terminationTime") and state in FINISHED_OK | FINISHED_FAILED:
+        run["finishedAt"] = status["terminationTime"]
+    message = (status.get("applicationState") or {}).get("errorMessage")
+    if message and state in FINISHED_FAILED:
+        run["errorMessage"] = str(message)[:2048]
+    for key in ("recordsOut", "streamedBack"):
+        value = str(result.get(key, ""))
+        if value.isdigit():  # the job writes "null" when there was nothing to count
+            run[key] = int(value)
+    return run
+
+
+def report(view: TransformView, run: dict[str, Any], now: datetime, *, waiting: str = "") -> dict[str, Any]:
+    """The Transform's status from its current run."""
+    status = {k: v for k, v in view.status.items() if k in ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce")}
+    generation = int(view.body["metadata"].get("generation", 0))
+    state = run.get("applicationState", "")
+    if run:
+        status["currentRun"] = run
+    if state in FINISHED_OK:
+        status["lastSuccessfulRun"] = run["name"]
+    conds, phase = _conditions(view, run, state, waiting)
+    status.update(
+        observedGeneration=generation,
+        phase=phase,
+        conditions=conditions.merge(view.status.get("conditions"), conds, generation, format_time(now)),
+    )
+    return status
+
+
+def _conditions(view: TransformView, run: dict[str, Any], state: str, waiting: str) -> tuple[list[Condition], str]:
+    def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
+        return [
+            Condition(READY, ready, reason, message),
+            Condition(RECONCILING, reconciling, reason, message),
+            Condition(STALLED, stalled, reason, message),
+        ]
+
+    if view.suspended:
+        return cond(True, False, False, "Suspended", "suspended: no run is active"), "Suspended"
+    if waiting:
+        return cond(False, True, False, "InputsNotReady", waiting), "Pending"
+    if not run:
+        if view.spec.get("schedule"):
+            return cond(
+                True, False, False, "Scheduled", f"waiting for the schedule {view.spec['schedule']}"
+            ), "Scheduled"
+        return cond(False, True, False, "Submitting", "creating the first run"), "Pending"
+    name = run.get("name", "")
+    if run.get("errorMessage") and state == DEADLINE:
+        return cond(False, False, True, DEADLINE, run["errorMessage"]), "Failed"
+    if state in FINISHED_FAILED:
+        message = f"run {name} failed: {run.get('errorMessage') or 'no message from Spark'}"
+        return cond(False, False, True, "RunFailed", message), "Failed"
+    if state in FINISHED_OK:
+        if view.streaming:
+            return cond(False, False, True, "StreamEnded", f"streaming run {name} ended"), "Failed"
+        back = f", {run['streamedBack']} streamed back" if "streamedBack" in run else ""
+        records = f": {run['recordsOut']} records{back}" if "recordsOut" in run else ""
+        return cond(True, False, False, "Succeeded", f"run {name} completed{records}"), "Succeeded"
+    if state in RUNNING:
+        if view.streaming:
+            return cond(True, False, False, "Running", f"streaming run {name} is running"), "Running"
+        return cond(False, True, False, "Running", f"run {name} is running"), "Running"
+    return cond(False, True, False, "Submitted", f"run {name} submitted, waiting for its driver"), "Pending"

@@ -1,0 +1,146 @@
+"""Reading a Transform and rendering what its job receives (pure: no I/O)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PLURAL = "transforms"
+KIND = "Transform"
+
+
+class InputsNotReady(Exception):
+    """An input cannot be resolved yet (a connectRef whose Connect has no topics); retried later."""
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Operator-wide defaults a Transform may leave out."""
+
+    kafka_bootstrap: str | None = None
+    image: str = "fibers-job:latest"
+    service_account: str | None = None
+    spark_version: str = "4.0.0"
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """Hash of what a run is made from; fields that only steer runs are left out."""
+    steering = {
+        "state",
+        "rerunNonce",
+        "schedule",
+        "concurrencyPolicy",
+        "successfulRunsHistoryLimit",
+        "failedRunsHistoryLimit",
+        "submissionDeadlineSeconds",
+    }
+    relevant = {k: v for k, v in spec.items() if k not in steering}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def secret_env_name(kind: str, name: str) -> str:
+    """Environment variable carrying a MongoDB URI into the driver (set from a secretKeyRef)."""
+    return f"FIBERS_{kind.upper()}_{name.upper()}_URI"
+
+
+def render_job(
+    spec: dict[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    run: str,
+    connect_topics: dict[str, list[str]],
+    defaults: Defaults,
+) -> dict[str, Any]:
+    """The JSON the job (fibers.jobs.transform) runs from. It never contains a secret value."""
+    inputs: list[dict[str, Any]] = []
+    uses_kafka = False
+    for item in spec["inputs"]:
+        view: dict[str, Any] = {"name": item["name"]}
+        if "kafka" in item:
+            view["kafka"] = {k: v for k, v in item["kafka"].items()}
+            uses_kafka = True
+        elif "connectRef" in item:
+            ref = item["connectRef"]
+            topics = connect_topics.get(ref["name"]) or []
+            if not topics:
+                raise InputsNotReady(f"Connect {ref['name']} has not reported any topics yet")
+            view["kafka"] = {"topics": topics, "startingOffsets": "earliest"}
+            if ref.get("schema"):
+                view["kafka"]["schema"] = ref["schema"]
+            uses_kafka = True
+        elif "files" in item:
+            view["files"] = dict(item["files"])
+        elif "mongodb" in item:
+            mongo = item["mongodb"]
+            view["mongodb"] = {
+                "uriEnv": secret_env_name("input", item["name"]),
+                "database": mongo["database"],
+                "collection": mongo["collection"],
+            }
+        inputs.append(view)
+
+    job: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "run": run,
+        "mode": spec.get("mode", "batch"),
+        "inputs": inputs,
+        "sparkConf": dict((spec.get("spark") or {}).get("sparkConf") or {}),
+        "resultConfigMap": f"{run}-result",
+        "output": None,
+        "streamBack": spec.get("streamBack"),
+    }
+    job["sql" if "sql" in spec else "entrypoint"] = spec.get("sql") or spec.get("entrypoint")
+    output = spec.get("output") or {}
+    if "kafka" in output:
+        job["output"] = {"kafka": dict(output["kafka"])}
+        uses_kafka = True
+    elif "files" in output:
+        job["output"] = {"files": dict(output["files"])}
+    elif "mongodb" in output:
+        mongo = output["mongodb"]
+        job["output"] = {
+            "mongodb": {
+                "uriEnv": secret_env_name("output", "result"),
+                "database": mongo["database"],
+                "collection": mongo["collection"],
+                "idColumn": mongo.get("idColumn"),
+            }
+        }
+    if spec.get("streamBack"):
+        uses_kafka = True
+    if spec.get("checkpoint"):
+        job["checkpoint"] = dict(spec["checkpoint"])
+    if uses_kafka:
+        bootstrap = (spec.get("kafka") or {}).get("bootstrapServers") or defaults.kafka_bootstrap
+        if not bootstrap:
+            raise ValueError("spec.kafka.bootstrapServers is not set and the operator has no default Kafka")
+        job["kafka"] = {"bootstrapServers": bootstrap}
+    return job
+
+
+def secret_envs(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Driver environment variables taken from Secrets (MongoDB URIs)."""
+    env = []
+    for item in spec["inputs"]:
+        if "mongodb" in item:
+            ref = item["mongodb"]["uriSecretRef"]
+            env.append(
+                {
+                    "name": secret_env_name("input", item["name"]),
+                    "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}},
+                }
+            )
+    output = spec.get("output") or {}
+    if "mongodb" in output:
+        ref = output["mongodb"]["uriSecretRef"]
+        env.append(
+            {
+                "name": secret_env_name("output", "result"),
+                "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}},
+            }
+        )
+    return env
