@@ -52,6 +52,20 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consume(args: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    from fibers.databus.config import ConsumerConfig
+    from fibers.databus.runtime import Runtime
+    from fibers.kube import load_client
+
+    raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")
+    config = ConsumerConfig.from_dict(json.loads(raw))
+    if args.instance is not None:
+        config = ConsumerConfig.from_dict({**json.loads(raw), "instance": args.instance})
+    return Runtime(config, client.CoreV1Api(load_client())).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fibers", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -67,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd.add_argument("--connect-url", help="default Kafka Connect URL for Connect resources without spec.cluster")
     run_cmd.add_argument("--liveness", help="serve a liveness probe here, e.g. http://0.0.0.0:8080/healthz")
     run_cmd.set_defaults(func=_run)
+
+    consume_cmd = sub.add_parser("consume", help="run a DatabusConsumer instance (what its pods run)")
+    consume_cmd.add_argument("--config", help="rendered consumer configuration (JSON); default $FIBERS_CONSUMER_CONFIG")
+    consume_cmd.add_argument("--instance", type=int, help="this instance's number (overrides the configuration)")
+    consume_cmd.set_defaults(func=_consume)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

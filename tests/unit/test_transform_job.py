@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from bson import ObjectId
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from fibers import spark as fibers_spark
@@ -33,16 +33,18 @@ ORDER_SCHEMA = "id INT, customer STRING, amount DOUBLE"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    os.environ.pop("FIBERS_SPARK_KAFKA_JARS", None)
-    session = fibers_spark.session("test", master="local[1]", conf={"spark.sql.shuffle.partitions": "1"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("FIBERS_SPARK_KAFKA_JARS", raising=False)  # plain Spark: these tests need no Kafka
+        session = fibers_spark.session("test", master="local[1]", conf={"spark.sql.shuffle.partitions": "1"})
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
 
 
 @pytest.fixture
-def root_logging() -> Iterator[None]:
-    """main() configures the root logger; put pytest's handlers back afterwards."""
+def root_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """main() configures the root logger and PYSPARK_PYTHON; put both back afterwards."""
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
@@ -531,7 +533,7 @@ def test_a_failing_streaming_query_raises_with_sparks_message(spark: SparkSessio
     )
     write_json_lines(tmp_path / "in", ORDERS)
 
-    with pytest.raises(Exception) as failure:
+    with pytest.raises(StreamingQueryException) as failure:
         job.run_streaming(spark, spec, threading.Event())
     assert "poisoned record" in job.error_message(failure.value)
     assert not spark.streams.active

@@ -1,0 +1,444 @@
+"""The consumer runtime: relay puller, bootstrap puller and dispatcher (what consumer pods run).
+
+Kafka is the relay: one timeline per topic-partition, each with a Databus checkpoint in the
+ConfigMap plus `kafka_next_offset`, the offset to resume from. Starting up, every owned timeline
+either resumes from its checkpoint, or (no checkpoint) starts as `startPosition` says. A
+checkpoint whose offset Kafka no longer holds means the consumer fell off the relay: it
+bootstraps from the store, or stops with RelayFallOff when there is no store — offsets are
+never reset silently (auto.offset.reset=error).
+
+Windows are source transactions (or single records). A window is dispatched whole; only after
+the sink applied it and `on_checkpoint` agreed does the timeline's checkpoint move, so a
+persisted checkpoint is never ahead of the sink. A failed window is rolled back: the relay is
+sought back to the last checkpoint and the window is read and dispatched again, with a growing
+pause, until the retries run out.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from kubernetes import client
+from pymongo import MongoClient
+
+from fibers.databus import sinks
+from fibers.databus.callbacks import Callback, Result
+from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
+from fibers.databus.checkpoint_store import CheckpointStore
+from fibers.databus.config import ConsumerConfig
+from fibers.databus.events import ChangeEvent, decode
+from fibers.databus.store import BootstrapStore
+
+log = logging.getLogger("fibers.databus")
+NEXT_OFFSET = "kafka_next_offset"
+SNAPSHOT_LAST_KEY = "fibers_snapshot_last_key"
+CATCHUP_LAST_ID = "fibers_catchup_last_id"
+
+
+def next_offset(cp: Checkpoint | None) -> int | None:
+    """The Kafka offset a timeline resumes from, kept in its checkpoint next to the SCNs."""
+    value = cp.get(NEXT_OFFSET) if cp is not None else None
+    return value if isinstance(value, int) else None
+
+
+class ConsumerStopped(Exception):
+    """The consumer cannot go on; the message says why (exit code in `code`)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WindowFailed(Exception):
+    pass
+
+
+class Runtime:
+    def __init__(self, config: ConsumerConfig, core: client.CoreV1Api, callback: Callback | None = None) -> None:
+        self.config = config
+        self.callback = callback or sinks.build(config.sink, config.bootstrap_servers)
+        self.store = CheckpointStore(
+            core,
+            config.namespace,
+            config.checkpoint_config_map,
+            config.topics,
+            instance=config.instance,
+            min_interval=config.checkpoint_min_interval,
+            labels=config.labels,
+        )
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": config.bootstrap_servers,
+                "group.id": f"fibers-{config.namespace}-{config.name}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "error",  # falling off the relay must be seen, not papered over
+                "enable.partition.eof": False,
+            }
+        )
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.events_processed = 0
+        self.stopping = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")
+
+    # ----- plumbing ------------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Result], *args: Any) -> Result:
+        result = fn(*args)
+        if result is Result.ERROR:
+            raise WindowFailed(f"{fn.__name__} returned ERROR")
+        return result
+
+    def _owned_partitions(self, topic: str) -> list[int]:
+        metadata = self.consumer.list_topics(topic, timeout=30)
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            raise ConsumerStopped(f"relay topic {topic} does not exist (yet)", code=4)
+        return sorted(p for p in info.partitions if self.config.owns(p))
+
+    def _low_watermark(self, topic: str, partition: int) -> int:
+        low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(low)
+
+    def _save(self, keys: list[str], force: bool = False) -> None:
+        self.store.stats = {"eventsProcessed": self.events_processed, "mode": self._mode(), "lag": self._lag()}
+        self.store.save({k: self.checkpoints[k] for k in keys}, force=force)
+
+    def _mode(self) -> str:
+        modes = {cp.consumption_mode.value for cp in self.checkpoints.values()}
+        for mode in ("BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "INIT", "ONLINE_CONSUMPTION"):
+            if mode in modes:
+                return mode
+        return "INIT"
+
+    def _lag(self) -> int:
+        lag = 0
+        for key, cp in self.checkpoints.items():
+            topic, _, partition = key.rpartition(".")
+            resume = next_offset(cp)
+            if resume is not None:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, int(partition)), cached=True)
+                if high >= 0:
+                    lag += max(int(high) - resume, 0)
+        return lag
+
+    # ----- start-up ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            stored = self.store.load()
+            self._call(self.callback.on_start_consumption)
+            assignments = self._start_positions(dict(stored))
+            self._consume(assignments)
+            return 0
+        except ConsumerStopped as exc:
+            log.error("consumer stopped: %s", exc)
+            return exc.code
+        finally:
+            self._shutdown()
+
+    def _on_signal(self, *_: object) -> None:
+        self.stopping = True
+
+    def _start_positions(self, stored: dict[str, Checkpoint]) -> list[TopicPartition]:
+        assignments = []
+        for topic in self.config.topics:
+            partitions = self._owned_partitions(topic)
+            keys = [timeline_key(topic, p) for p in partitions]
+            for key in keys:
+                if key in stored:
+                    self.checkpoints[key] = stored[key]
+            if any(
+                self.checkpoints.get(k, Checkpoint.initial()).consumption_mode
+                in (ConsumptionMode.BOOTSTRAP_SNAPSHOT, ConsumptionMode.BOOTSTRAP_CATCHUP)
+                for k in keys
+            ):
+                self._bootstrap(topic, partitions, reason="resuming an interrupted bootstrap")
+            elif self._fell_off(topic, partitions):
+                self._bootstrap(topic, partitions, reason="fell off the relay")
+            elif not any(k in self.checkpoints for k in keys) and self.config.start_position == "bootstrap":
+                self._bootstrap(topic, partitions, reason="no checkpoint (startPosition: bootstrap)")
+            for partition in partitions:
+                resume = next_offset(self.checkpoints.get(timeline_key(topic, partition)))
+                if resume is not None:
+                    offset = resume
+                else:
+                    offset = OFFSET_END if self.config.start_position == "latest" else OFFSET_BEGINNING
+                assignments.append(TopicPartition(topic, partition, offset))
+        return assignments
+
+    def _fell_off(self, topic: str, partitions: list[int]) -> bool:
+        for partition in partitions:
+            resume = next_offset(self.checkpoints.get(timeline_key(topic, partition)))
+            if resume is not None and resume < self._low_watermark(topic, partition):
+                if not self.config.bootstrap:
+                    raise ConsumerStopped(
+                        f"RelayFallOff: {topic}/{partition} resumes at offset {resume} but Kafka only keeps "
+                        f"offsets from {self._low_watermark(topic, partition)}; configure a bootstrap store or "
+                        "seek explicitly",
+                        code=5,
+                    )
+                log.warning(
+                    "fell off the relay", extra={"topic": topic, "partition": partition, "next_offset": next_offset}
+                )
+                return True
+        return False
+
+    # ----- bootstrap: snapshot → catchup → online -------------------------------------------------
+
+    def _bootstrap(self, topic: str, partitions: list[int], *, reason: str) -> None:
+        if not self.config.bootstrap:
+            raise ConsumerStopped(f"cannot bootstrap {topic} ({reason}): no bootstrap store configured", code=5)
+        uri = os.environ.get(self.config.bootstrap["uriEnv"], "")
+        mongo: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=10000)
+        store = BootstrapStore(mongo[self.config.bootstrap["database"]])
+        keys = [timeline_key(topic, p) for p in partitions]
+        log.info("bootstrap starting", extra={"topic": topic, "reason": reason})
+        try:
+            cp = self._bootstrap_checkpoint(topic, keys, store, partitions)
+            self._call(self.callback.on_start_bootstrap)
+            if cp.consumption_mode is ConsumptionMode.BOOTSTRAP_SNAPSHOT:
+                cp = self._snapshot(topic, partitions, keys, store, cp)
+            cp = self._catchup(topic, partitions, keys, store, cp)
+            self._call(self.callback.on_stop_bootstrap)
+        finally:
+            mongo.close()
+
+    def _bootstrap_checkpoint(
+        self, topic: str, keys: list[str], store: BootstrapStore, partitions: list[int]
+    ) -> Checkpoint:
+        current = self.checkpoints.get(keys[0])
+        if current and current.consumption_mode in (
+            ConsumptionMode.BOOTSTRAP_SNAPSHOT,
+            ConsumptionMode.BOOTSTRAP_CATCHUP,
+        ):
+            return current
+        base = current if current and current.consumption_mode is ConsumptionMode.ONLINE_CONSUMPTION else None
+        since = max(base.window_scn, 0) if base else 0
+        applied = store.applier_state(topic, partitions)
+        start = min((scn for scn, _ in applied.values()), default=0)
+        cp = (base or Checkpoint.initial()).start_bootstrap(since, topic).with_start_scn(start)
+        for key in keys:
+            self.checkpoints[key] = cp
+        self._save(keys, force=True)
+        return cp
+
+    def _deliver(self, events: list[ChangeEvent], scn: int) -> None:
+        self._call(self.callback.on_start_bootstrap_sequence, scn)
+        for event in events:
+            self._call(self.callback.on_bootstrap_event, event)
+        self._call(self.callback.on_end_bootstrap_sequence, scn)
+        self._call(self.callback.on_bootstrap_checkpoint, scn)
+        self.events_processed += len(events)
+
+    def _snapshot(
+        self, topic: str, partitions: list[int], keys: list[str], store: BootstrapStore, cp: Checkpoint
+    ) -> Checkpoint:
+        last = cp.get(SNAPSHOT_LAST_KEY)
+        delivered = max(cp.snapshot_offset, 0)
+        while rows := store.snapshot_rows(topic, partitions, last if isinstance(last, str) else None, 500):
+            events = [
+                ChangeEvent(
+                    topic=topic,
+                    partition=int(r.get("_partition", 0)),
+                    offset=-1,
+                    key=str(r["_id"]),
+                    op="r",
+                    scn=int(r["_scn"]),
+                    window="snapshot",
+                    after={k: v for k, v in r.items() if k not in ("_id", "_scn", "_partition")},
+                )
+                for r in rows
+            ]
+            self._deliver(events, max(e.scn for e in events))
+            delivered += len(rows)
+            last = str(rows[-1]["_id"])
+            cp = cp.snapshot_progress(delivered).with_values({SNAPSHOT_LAST_KEY: last})
+            self._set(keys, cp)
+        cp = cp.end_snapshot_source(None)
+        self._set(keys, cp, force=True)
+        log.info("bootstrap snapshot done", extra={"topic": topic, "rows": delivered})
+        return cp
+
+    def _catchup(
+        self, topic: str, partitions: list[int], keys: list[str], store: BootstrapStore, cp: Checkpoint
+    ) -> Checkpoint:
+        applied = store.applier_state(topic, partitions)
+        if cp.consumption_mode is ConsumptionMode.BOOTSTRAP_SNAPSHOT:
+            target = max([scn for scn, _ in applied.values()] + [cp.bootstrap_start_scn, 0])
+            cp = cp.start_catchup(target, topic).with_values(
+                {"fibers_target_offsets": {str(p): offset for p, (_, offset) in applied.items()}}
+            )
+            self._set(keys, cp, force=True)
+        after = cp.get(CATCHUP_LAST_ID)
+        rows_done = 0
+        while rows := store.log_rows(
+            topic,
+            partitions,
+            cp.bootstrap_start_scn,
+            cp.bootstrap_target_scn,
+            after if isinstance(after, str) else None,
+            500,
+        ):
+            events = [
+                ChangeEvent(
+                    topic=topic,
+                    partition=int(r["partition"]),
+                    offset=int(r["offset"]),
+                    key=str(r["key"]),
+                    op=str(r["op"]),
+                    scn=int(r["scn"]),
+                    window="catchup",
+                    after=r.get("doc"),
+                )
+                for r in rows
+            ]
+            scn = max(e.scn for e in events)
+            self._deliver(events, scn)
+            rows_done += len(rows)
+            after = str(rows[-1]["_id"])
+            cp = cp.catchup_progress(max(scn, cp.window_scn), events[-1].offset).with_values({CATCHUP_LAST_ID: after})
+            self._set(keys, cp)
+        targets = cp.get("fibers_target_offsets") or {}
+        online = cp.end_catchup_source(None).finish_bootstrap()
+        for partition, key in zip(partitions, keys, strict=True):
+            offset = int(targets.get(str(partition), -1)) + 1 if isinstance(targets, dict) else 0
+            self.checkpoints[key] = online.with_values(
+                {NEXT_OFFSET: offset, SNAPSHOT_LAST_KEY: None, CATCHUP_LAST_ID: None, "fibers_target_offsets": None}
+            )
+        self._save(keys, force=True)
+        log.info(
+            "bootstrap done; consuming online",
+            extra={"topic": topic, "catchup_rows": rows_done, "scn": online.window_scn},
+        )
+        return online
+
+    def _set(self, keys: list[str], cp: Checkpoint, force: bool = False) -> None:
+        for key in keys:
+            self.checkpoints[key] = cp
+        self._save(keys, force=force)
+
+    # ----- online ------------------------------------------------------------------------------
+
+    def _consume(self, assignments: list[TopicPartition]) -> None:
+        self.consumer.assign(assignments)
+        log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
+        window: list[ChangeEvent] = []
+        attempts: dict[tuple[str, int, int], int] = {}
+        while not self.stopping:
+            messages = self.consumer.consume(num_messages=1000, timeout=0.2)
+            rewound: set[tuple[str, int]] = set()  # timelines sought back: the rest of this batch is stale
+            for message in messages:
+                if (message.topic(), message.partition()) in rewound:
+                    continue
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET or error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=5)
+                    if error.retriable() or error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise ConsumerStopped(f"Kafka error: {error.str()}")
+                event = decode(
+                    str(message.topic()),
+                    int(message.partition() or 0),
+                    int(message.offset() or 0),
+                    message.key(),
+                    message.value(),
+                )
+                if event is None:
+                    continue
+                if window and (
+                    event.window != window[0].window
+                    or event.partition != window[0].partition
+                    or event.topic != window[0].topic
+                    or len(window) >= self.config.max_window_events
+                ):
+                    if not self._dispatch(window, attempts):
+                        rewound.add((window[0].topic, window[0].partition))
+                        window = []
+                        if (event.topic, event.partition) in rewound:
+                            continue
+                    window = []
+                window.append(event)
+            if not messages and window:  # the relay went quiet: the window is complete
+                self._dispatch(window, attempts)
+                window = []
+            if not messages and self.store.pending:
+                self.store.flush()
+
+    def _dispatch(self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int]) -> bool:
+        """Dispatch one window; False when it failed and the timeline was sought back for a replay."""
+        first, last = window[0], window[-1]
+        key = timeline_key(first.topic, first.partition)
+        future = self._pool.submit(self._dispatch_window, window)
+        try:
+            result = future.result(timeout=self.config.callback_timeout)
+        except concurrent.futures.TimeoutError:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")  # the old one hangs
+            self._rollback(window, attempts, TimeoutError(f"callbacks took over {self.config.callback_timeout}s"))
+            return False
+        except Exception as exc:  # any failure of a window rolls it back
+            self._rollback(window, attempts, exc)
+            return False
+        attempts.pop((first.topic, first.partition, first.offset), None)
+        self.events_processed += len(window)
+        previous = self.checkpoints.get(key, Checkpoint.initial())
+        scn = max(last.scn, previous.window_scn) if not previous.is_flexible else last.scn
+        self.checkpoints[key] = previous.online(scn).with_values({NEXT_OFFSET: last.offset + 1})
+        if result is not Result.SKIP_CHECKPOINT:
+            self._save([key], force=result is Result.CHECKPOINT)
+        return True
+
+    def _dispatch_window(self, window: list[ChangeEvent]) -> Result:
+        scn = window[-1].scn
+        source = window[0].topic
+        self._call(self.callback.on_start_data_event_sequence, scn)
+        self._call(self.callback.on_start_source, source)
+        for event in window:
+            self._call(self.callback.on_data_event, event)
+        self._call(self.callback.on_end_source, source)
+        self._call(self.callback.on_end_data_event_sequence, scn)
+        return self._call(self.callback.on_checkpoint, scn)
+
+    def _rollback(
+        self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int], exc: BaseException
+    ) -> None:
+        first = window[0]
+        key = timeline_key(first.topic, first.partition)
+        tries = attempts.get((first.topic, first.partition, first.offset), 0) + 1
+        attempts[(first.topic, first.partition, first.offset)] = tries
+        cp = self.checkpoints.get(key)
+        log.warning(
+            "window failed; rolling back",
+            extra={"timeline": key, "scn": window[-1].scn, "attempt": tries, "error": str(exc)},
+        )
+        self.callback.on_error(exc)
+        self.callback.on_rollback(cp.window_scn if cp else -1)
+        if tries > self.config.retries:
+            raise ConsumerStopped(f"window at SCN {window[-1].scn} of {key} failed {tries} times: {exc}")
+        time.sleep(min(self.config.retry_backoff * 2 ** (tries - 1), 60))
+        # Seek back to the last checkpoint: the window is read again from the relay and replayed.
+        resume = next_offset(cp)
+        offset = resume if resume is not None else first.offset
+        self.consumer.seek(TopicPartition(first.topic, first.partition, offset))
+
+    def _shutdown(self) -> None:
+        try:
+            self.store.flush()
+        except Exception:
+            log.exception("could not write the last checkpoint")
+        try:
+            self.callback.on_stop_consumption()
+            self.callback.close()
+        finally:
+            self.consumer.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,151 @@
+"""Built-in sinks: each is a Callback that applies a window when the window ends.
+
+Events are buffered per window and written at `on_end_data_event_sequence`, so a window is the
+unit of work: either it is applied and then checkpointed, or it fails (ERROR) and is replayed.
+Writes are idempotent, which is what makes a replay after a crash or a rollback safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from confluent_kafka import Producer
+from pymongo import MongoClient
+
+from fibers.databus import callbacks
+from fibers.databus.callbacks import Callback, Result
+from fibers.databus.events import ChangeEvent
+from fibers.databus.store import BootstrapStore, apply_bulk, delete_guarded, guarded_write
+
+log = logging.getLogger("fibers.databus.sink")
+
+
+class WindowSink(Callback):
+    """Buffers the events of a window; subclasses write them in `flush`."""
+
+    def __init__(self) -> None:
+        self.window: list[ChangeEvent] = []
+
+    def on_start_data_event_sequence(self, scn: int) -> Result:
+        self.window = []
+        return Result.SUCCESS
+
+    def on_data_event(self, event: ChangeEvent) -> Result:
+        self.window.append(event)
+        return Result.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> Result:
+        self.flush(self.window)
+        self.window = []
+        return Result.SUCCESS
+
+    def on_rollback(self, scn: int) -> Result:
+        self.window = []
+        return Result.SUCCESS
+
+    on_start_bootstrap_sequence = on_start_data_event_sequence
+    on_end_bootstrap_sequence = on_end_data_event_sequence
+    on_bootstrap_rollback = on_rollback
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        raise NotImplementedError
+
+
+def _mongo(uri_env: str) -> MongoClient[dict[str, Any]]:
+    uri = os.environ.get(uri_env)
+    if not uri:
+        raise ValueError(f"environment variable {uri_env} (the MongoDB URI) is not set")
+    return MongoClient(uri, serverSelectionTimeoutMS=10000)
+
+
+class MongoSink(WindowSink):
+    """A materialised view: one document per key, never moved back to an older SCN."""
+
+    def __init__(self, uri_env: str, database: str, collection: str) -> None:
+        super().__init__()
+        self.client = _mongo(uri_env)
+        self.collection = self.client[database][collection]
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        # Apply in order, but batch runs of writes between deletes.
+        pending: list[Any] = []
+        for event in events:
+            if event.op == "d":
+                apply_bulk(self.collection, pending)
+                pending = []
+                delete_guarded(self.collection, [event])
+            elif (op := guarded_write(event)) is not None:
+                pending.append(op)
+        apply_bulk(self.collection, pending)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class BootstrapStoreSink(WindowSink):
+    """Fills the bootstrap store that later consumers bootstrap from."""
+
+    def __init__(self, uri_env: str, database: str) -> None:
+        super().__init__()
+        self.client = _mongo(uri_env)
+        self.store = BootstrapStore(self.client[database])
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        self.store.apply_window(events)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class KafkaSink(WindowSink):
+    """Row images as JSON to a topic, keyed by row key; a delete is a tombstone."""
+
+    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+        super().__init__()
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        for event in events:
+            value = None if event.document is None else json.dumps({**event.document, "_scn": event.scn})
+            self.producer.produce(self.topic, key=event.key.encode(), value=value)
+        if self.producer.flush(30) != 0:
+            raise RuntimeError(f"could not deliver {len(events)} records to {self.topic}")
+
+    def close(self) -> None:
+        self.producer.flush(30)
+
+
+class LogSink(WindowSink):
+    """Logs each window (and every event at debug level); `quiet` only counts."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        super().__init__()
+        self.quiet = quiet
+        self.events = 0
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        self.events += len(events)
+        if not self.quiet and events:
+            log.info("window applied", extra={"events": len(events), "scn": events[-1].scn})
+
+
+def build(sink: dict[str, Any], kafka_bootstrap: str | None) -> Callback:
+    """The sink named by the rendered config (see fibers.databus.config)."""
+    kind = sink["type"]
+    if kind == "mongodb":
+        return MongoSink(sink["uriEnv"], sink["database"], sink["collection"])
+    if kind == "bootstrap":
+        return BootstrapStoreSink(sink["uriEnv"], sink["database"])
+    if kind == "kafka":
+        if not kafka_bootstrap:
+            raise ValueError("a kafka sink needs the relay's bootstrap servers")
+        return KafkaSink(kafka_bootstrap, sink["topic"])
+    if kind == "log":
+        return LogSink(quiet=bool(sink.get("quiet")))
+    if kind == "callback":
+        return callbacks.load(sink["callback"], dict(sink.get("options") or {}))
+    raise ValueError(f"unknown sink type {kind!r}")

@@ -1,0 +1,135 @@
+"""The bootstrap store: a MongoDB-protocol database other consumers bootstrap from.
+
+Per relay topic it keeps three collections (FerretDB-compatible: no transactions, no change
+streams are needed):
+  snapshot_<topic>  the latest row per key with its SCN (deleted rows are removed);
+  log_<topic>       every change, keyed by partition and offset, with its SCN;
+  applier_<topic>   per partition, the SCN and offset of the last window fully applied.
+The applier document is written last, after the window's rows, so it never claims more than the
+collections hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pymongo import ASCENDING, ReplaceOne, UpdateOne
+from pymongo.database import Database
+from pymongo.errors import BulkWriteError
+
+from fibers.databus.events import ChangeEvent
+
+DUPLICATE_KEY = 11000
+
+
+def collection_suffix(topic: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in topic)
+
+
+def guarded_write(event: ChangeEvent, extra: dict[str, Any] | None = None) -> ReplaceOne[Any] | None:
+    """Upsert the row unless the stored copy is newer (a replay never moves a document back)."""
+    if event.document is None:
+        return None
+    doc = {**event.document, **(extra or {}), "_scn": event.scn}
+    doc.pop("_id", None)
+    newer_absent = {"_id": event.key, "$or": [{"_scn": {"$lt": event.scn}}, {"_scn": {"$exists": False}}]}
+    return ReplaceOne(newer_absent, doc, upsert=True)
+
+
+def apply_bulk(collection: Any, operations: list[Any]) -> None:
+    """Run a bulk write, ignoring duplicate keys: they mean a newer copy is already stored."""
+    if not operations:
+        return
+    try:
+        collection.bulk_write(operations, ordered=False)
+    except BulkWriteError as exc:
+        real = [e for e in exc.details.get("writeErrors", []) if e.get("code") != DUPLICATE_KEY]
+        if real:
+            raise
+
+
+def delete_guarded(collection: Any, events: list[ChangeEvent]) -> None:
+    for event in events:
+        collection.delete_one({"_id": event.key, "_scn": {"$lte": event.scn}})
+
+
+class BootstrapStore:
+    def __init__(self, db: Database[dict[str, Any]]) -> None:
+        self.db = db
+
+    def _snapshot(self, topic: str) -> Any:
+        return self.db[f"snapshot_{collection_suffix(topic)}"]
+
+    def _log(self, topic: str) -> Any:
+        return self.db[f"log_{collection_suffix(topic)}"]
+
+    def _applier(self, topic: str) -> Any:
+        return self.db[f"applier_{collection_suffix(topic)}"]
+
+    # ----- written by the consumer whose sink is the store ----------------------------------------
+
+    def apply_window(self, events: list[ChangeEvent]) -> None:
+        by_topic: dict[str, list[ChangeEvent]] = {}
+        for event in events:
+            by_topic.setdefault(event.topic, []).append(event)
+        for topic, batch in by_topic.items():
+            log_ops = [
+                ReplaceOne(
+                    {"_id": f"{e.partition:05d}:{e.offset:020d}"},
+                    {
+                        "scn": e.scn,
+                        "partition": e.partition,
+                        "offset": e.offset,
+                        "key": e.key,
+                        "op": e.op,
+                        "doc": e.document,
+                    },
+                    upsert=True,
+                )
+                for e in batch
+            ]
+            apply_bulk(self._log(topic), log_ops)
+            writes = [op for e in batch if (op := guarded_write(e, {"_partition": e.partition})) is not None]
+            apply_bulk(self._snapshot(topic), writes)
+            delete_guarded(self._snapshot(topic), [e for e in batch if e.op == "d"])
+            applied: dict[int, tuple[int, int]] = {}
+            for e in batch:
+                scn, offset = applied.get(e.partition, (-1, -1))
+                applied[e.partition] = (max(scn, e.scn), max(offset, e.offset))
+            apply_bulk(
+                self._applier(topic),
+                [
+                    UpdateOne({"_id": p}, {"$max": {"scn": scn, "offset": offset}}, upsert=True)
+                    for p, (scn, offset) in applied.items()
+                ],
+            )
+
+    # ----- read by bootstrapping consumers --------------------------------------------------------
+
+    def applier_state(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """Per partition, (SCN, offset) of the last window the store fully applied."""
+        found = self._applier(topic).find({"_id": {"$in": partitions}})
+        return {int(d["_id"]): (int(d["scn"]), int(d["offset"])) for d in found}
+
+    def snapshot_rows(
+        self, topic: str, partitions: list[int], after_key: str | None, batch: int
+    ) -> list[dict[str, Any]]:
+        query: dict[str, Any] = {"_partition": {"$in": partitions}}
+        if after_key is not None:
+            query["_id"] = {"$gt": after_key}
+        return list(self._snapshot(topic).find(query).sort("_id", ASCENDING).limit(batch))
+
+    def log_rows(
+        self, topic: str, partitions: list[int], start_scn: int, target_scn: int, after_id: str | None, batch: int
+    ) -> list[dict[str, Any]]:
+        query: dict[str, Any] = {"partition": {"$in": partitions}, "scn": {"$gt": start_scn, "$lte": target_scn}}
+        if after_id is not None:
+            query["_id"] = {"$gt": after_id}
+        return list(self._log(topic).find(query).sort("_id", ASCENDING).limit(batch))
+
+    def iter_snapshot(self, topic: str, partitions: list[int], batch: int = 500) -> Iterator[dict[str, Any]]:
+        after: str | None = None
+        while rows := self.snapshot_rows(topic, partitions, after, batch):
+            yield from rows
+            after = rows[-1]["_id"]
