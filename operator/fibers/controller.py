@@ -15,6 +15,8 @@ import kopf
 from fibers.api import FINALIZER
 from fibers.connect import handlers as _connect_handlers  # noqa: F401  (registers handlers)
 from fibers.connect.sync import ConnectSync, SyncSettings
+from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
+from fibers.databus.reconciler import DatabusReconciler
 from fibers.kube import Kube, load_client
 from fibers.transform import handlers as _transform_handlers  # noqa: F401  (registers handlers)
 from fibers.transform.reconciler import TransformReconciler
@@ -53,7 +55,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.kube = kube
     memo.connect = ConnectSync(kube, settings_from_env())
     memo.connect_task = asyncio.create_task(memo.connect.run(), name="connect-sync")
-    memo.transform = TransformReconciler(kube, transform_defaults_from_env())
+    defaults = transform_defaults_from_env()
+    memo.transform = TransformReconciler(kube, defaults)
+    memo.databus = DatabusReconciler(
+        kube, kafka_bootstrap=defaults.kafka_bootstrap, image=defaults.image, service_account=defaults.service_account
+    )
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
 
 

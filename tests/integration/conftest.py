@@ -115,7 +115,7 @@ def _delete_all(op: OperatorProcess, stack: StackInfo, namespace: str) -> None:
     if op.proc is None or op.proc.poll() is not None:
         op.start()
     custom = client.CustomObjectsApi(config.new_client_from_config(config_file=stack.kubeconfig))
-    for plural in ("transforms", "connects"):
+    for plural in ("databusconsumers", "transforms", "connects"):
         for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural)["items"]:
             try:
                 custom.delete_namespaced_custom_object(

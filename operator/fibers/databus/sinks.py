@@ -18,7 +18,7 @@ from pymongo import MongoClient
 from fibers.databus import callbacks
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.events import ChangeEvent
-from fibers.databus.store import BootstrapStore, apply_bulk, delete_guarded, guarded_write
+from fibers.databus.store import BootstrapStore, apply_guarded
 
 log = logging.getLogger("fibers.databus.sink")
 
@@ -70,16 +70,7 @@ class MongoSink(WindowSink):
         self.collection = self.client[database][collection]
 
     def flush(self, events: list[ChangeEvent]) -> None:
-        # Apply in order, but batch runs of writes between deletes.
-        pending: list[Any] = []
-        for event in events:
-            if event.op == "d":
-                apply_bulk(self.collection, pending)
-                pending = []
-                delete_guarded(self.collection, [event])
-            elif (op := guarded_write(event)) is not None:
-                pending.append(op)
-        apply_bulk(self.collection, pending)
+        apply_guarded(self.collection, events)
 
     def close(self) -> None:
         self.client.close()

@@ -14,44 +14,43 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pymongo import ASCENDING, ReplaceOne, UpdateOne
+from pymongo import ASCENDING, DeleteOne, ReplaceOne, UpdateOne
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError
 
 from fibers.databus.events import ChangeEvent
-
-DUPLICATE_KEY = 11000
 
 
 def collection_suffix(topic: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in topic)
 
 
-def guarded_write(event: ChangeEvent, extra: dict[str, Any] | None = None) -> ReplaceOne[Any] | None:
-    """Upsert the row unless the stored copy is newer (a replay never moves a document back)."""
-    if event.document is None:
-        return None
-    doc = {**event.document, **(extra or {}), "_scn": event.scn}
-    doc.pop("_id", None)
-    newer_absent = {"_id": event.key, "$or": [{"_scn": {"$lt": event.scn}}, {"_scn": {"$exists": False}}]}
-    return ReplaceOne(newer_absent, doc, upsert=True)
+def apply_guarded(collection: Any, events: list[ChangeEvent], extra: dict[str, Any] | None = None) -> None:
+    """Apply a window's changes, never moving a document back to an older SCN.
 
-
-def apply_bulk(collection: Any, operations: list[Any]) -> None:
-    """Run a bulk write, ignoring duplicate keys: they mean a newer copy is already stored."""
-    if not operations:
-        return
-    try:
-        collection.bulk_write(operations, ordered=False)
-    except BulkWriteError as exc:
-        real = [e for e in exc.details.get("writeErrors", []) if e.get("code") != DUPLICATE_KEY]
-        if real:
-            raise
-
-
-def delete_guarded(collection: Any, events: list[ChangeEvent]) -> None:
+    The stored SCNs of the window's keys are read first, then one ordered bulk write replaces or
+    deletes only the keys whose change is newer. That is safe because one consumer instance owns
+    each key's partition exclusively; it avoids relying on duplicate-key errors from conditional
+    upserts, which FerretDB reports in a form the driver cannot merge.
+    """
+    latest: dict[str, ChangeEvent] = {}
     for event in events:
-        collection.delete_one({"_id": event.key, "_scn": {"$lte": event.scn}})
+        latest[event.key] = event  # events of one key arrive in SCN order; the last one wins
+    if not latest:
+        return
+    stored = {d["_id"]: int(d.get("_scn", -1)) for d in collection.find({"_id": {"$in": list(latest)}}, {"_scn": 1})}
+    operations: list[Any] = []
+    for key, event in latest.items():
+        if key in stored and stored[key] >= event.scn:
+            continue  # already applied (a replay), or a newer copy is stored
+        if event.document is None:
+            if key in stored:
+                operations.append(DeleteOne({"_id": key}))
+        else:
+            doc = {**event.document, **(extra or {}), "_scn": event.scn}
+            doc.pop("_id", None)
+            operations.append(ReplaceOne({"_id": key}, doc, upsert=True))
+    if operations:
+        collection.bulk_write(operations, ordered=True)
 
 
 class BootstrapStore:
@@ -89,20 +88,20 @@ class BootstrapStore:
                 )
                 for e in batch
             ]
-            apply_bulk(self._log(topic), log_ops)
-            writes = [op for e in batch if (op := guarded_write(e, {"_partition": e.partition})) is not None]
-            apply_bulk(self._snapshot(topic), writes)
-            delete_guarded(self._snapshot(topic), [e for e in batch if e.op == "d"])
+            self._log(topic).bulk_write(log_ops, ordered=False)
+            for partition in {e.partition for e in batch}:
+                apply_guarded(
+                    self._snapshot(topic), [e for e in batch if e.partition == partition], {"_partition": partition}
+                )
             applied: dict[int, tuple[int, int]] = {}
             for e in batch:
                 scn, offset = applied.get(e.partition, (-1, -1))
                 applied[e.partition] = (max(scn, e.scn), max(offset, e.offset))
-            apply_bulk(
-                self._applier(topic),
+            self._applier(topic).bulk_write(
                 [
                     UpdateOne({"_id": p}, {"$max": {"scn": scn, "offset": offset}}, upsert=True)
                     for p, (scn, offset) in applied.items()
-                ],
+                ]
             )
 
     # ----- read by bootstrapping consumers --------------------------------------------------------

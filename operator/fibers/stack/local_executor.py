@@ -1,4 +1,4 @@
-"""STAND-IN for the Spark Operator's controller (and, later, the kubelet) — local stack only.
+"""STAND-IN for the Spark Operator's controller and the kubelet — local stack only.
 
 No container runtime exists on these machines, so nothing would ever run a SparkApplication's
 driver. This process plays that part for Fibers' own workloads, in tests and the demo:
@@ -8,7 +8,13 @@ SUBMITTED → RUNNING → COMPLETED or FAILED, with driverInfo, attempts and tim
 SparkApplication stops its job. Namespaces labelled `fibers.dev/local-executor=skip` are ignored,
 which is how tests reproduce a Spark Operator that never picks a submission up.
 
-It is not a general Spark Operator: one attempt, no executors, no pods.
+It also stands in for the kubelet, for DatabusConsumer pods only (label fibers.dev/databusconsumer):
+it runs the pod's container command as a local process, marks the pod Running and Ready,
+restarts the process with a growing delay when it exits (restartPolicy Always), recording the
+exit code and last error in the container status, and stops it when the pod is deleted.
+
+It is not a general Spark Operator or kubelet: one attempt per application, no executors, no
+images, no resource limits, and only Fibers' own workloads.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class LocalExecutor:
         self.ext = client.ApiextensionsV1Api(api)
         self.log_dir = log_dir
         self.jobs: dict[str, Job] = {}  # by uid
+        self.pods = PodRunner(self.core, log_dir, self.resolve_env)
 
     def install_crd(self) -> None:
         body = yaml.safe_load(CRD.read_text())
@@ -79,9 +86,14 @@ class LocalExecutor:
                 raise
 
     def _env(self, namespace: str, app: dict[str, Any]) -> dict[str, str]:
-        """The driver's environment: secretKeyRefs resolved, as the kubelet would."""
+        """The driver's environment."""
+        return self.resolve_env(namespace, (app["spec"].get("driver") or {}).get("env") or [])
+
+    def resolve_env(self, namespace: str, variables: list[Any]) -> dict[str, str]:
+        """A container's environment with secretKeyRefs resolved, as the kubelet would."""
         env = dict(os.environ)
-        for var in (app["spec"].get("driver") or {}).get("env") or []:
+        for var in variables:
+            var = var if isinstance(var, dict) else self.core.api_client.sanitize_for_serialization(var)
             if "value" in var:
                 env[var["name"]] = str(var["value"])
             ref = (var.get("valueFrom") or {}).get("secretKeyRef")
@@ -146,6 +158,7 @@ class LocalExecutor:
 
     def sync(self) -> None:
         skipped = self._skipped_namespaces()
+        self.pods.sync(skipped)
         listing = cast(dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))
         apps: list[dict[str, Any]] = listing["items"]
         present = set()
@@ -187,6 +200,157 @@ class LocalExecutor:
             time.sleep(interval)
         for job in self.jobs.values():
             self.stop(job)
+        self.pods.stop_all()
+
+
+@dataclass
+class PodProcess:
+    namespace: str
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_file: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    restart_at: float = 0.0
+    started_at: str = ""
+
+
+class PodRunner:
+    """Runs DatabusConsumer pods' containers as local processes (kubelet stand-in)."""
+
+    LABEL = "fibers.dev/databusconsumer"
+
+    def __init__(self, core: client.CoreV1Api, log_dir: Path, env_for: Any) -> None:
+        self.core, self.log_dir, self.env_for = core, log_dir, env_for
+        self.pods: dict[str, PodProcess] = {}  # by uid
+
+    def _patch(self, pod: PodProcess, status: dict[str, Any]) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, {"status": status})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _launch(self, pod: PodProcess) -> None:
+        with open(pod.log_file, "ab") as out:
+            pod.process = subprocess.Popen(
+                pod.argv, stdout=out, stderr=subprocess.STDOUT, env=pod.env, start_new_session=True
+            )
+        pod.started_at = format_time(utcnow())
+        ready = [{"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+        self._patch(
+            pod,
+            {
+                "phase": "Running",
+                "conditions": ready,
+                "startTime": pod.started_at,
+                "containerStatuses": [self._container(pod, ready=True)],
+            },
+        )
+        log.info("pod process started", extra={"namespace": pod.namespace, "pod": pod.name, "pid": pod.process.pid})
+
+    def _container(self, pod: PodProcess, *, ready: bool, last: dict[str, Any] | None = None) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "name": "consumer",
+            "ready": ready,
+            "started": ready,
+            "restartCount": pod.restarts,
+            "image": "local",
+            "imageID": "",
+            "containerID": f"local://{pod.process.pid if pod.process else 0}",
+            "state": {"running": {"startedAt": pod.started_at}}
+            if ready
+            else {"waiting": {"reason": "CrashLoopBackOff"}},
+        }
+        if last:
+            status["lastState"] = {"terminated": last}
+        return status
+
+    def sync(self, skipped: set[str]) -> None:
+        pods = self.core.list_pod_for_all_namespaces(label_selector=self.LABEL).items
+        present = set()
+        for pod in pods:
+            meta = pod.metadata
+            if meta is None or pod.spec is None or meta.namespace in skipped or meta.deletion_timestamp:
+                continue
+            present.add(meta.uid)
+            if meta.uid not in self.pods:
+                container = pod.spec.containers[0]
+                command = list(container.command or []) + list(container.args or [])
+                if command and command[0] == "fibers":  # the image's entry point is this project's CLI
+                    command = [sys.executable, "-m", "fibers", *command[1:]]
+                entry = PodProcess(
+                    str(meta.namespace),
+                    str(meta.name),
+                    command,
+                    self.env_for(str(meta.namespace), container.env or []),
+                    self.log_dir / f"pod-{meta.namespace}-{meta.name}.log",
+                )
+                self.pods[str(meta.uid)] = entry
+                self._launch(entry)
+        now = time.monotonic()
+        for uid, entry in list(self.pods.items()):
+            if uid not in present:
+                _stop_process(entry.process)
+                del self.pods[uid]
+                log.info("pod process stopped (pod deleted)", extra={"namespace": entry.namespace, "pod": entry.name})
+                continue
+            if entry.process is not None and (code := entry.process.poll()) is not None:
+                entry.process = None
+                entry.restarts += 1
+                entry.restart_at = now + min(2**entry.restarts, 10)
+                last = {
+                    "exitCode": code,
+                    "reason": "Error" if code else "Completed",
+                    "message": _consumer_error(entry.log_file),
+                    "finishedAt": format_time(utcnow()),
+                }
+                self._patch(
+                    entry,
+                    {
+                        "conditions": [
+                            {"type": "Ready", "status": "False"},
+                            {"type": "ContainersReady", "status": "False"},
+                        ],
+                        "containerStatuses": [self._container(entry, ready=False, last=last)],
+                    },
+                )
+                log.info(
+                    "pod process exited", extra={"namespace": entry.namespace, "pod": entry.name, "exit_code": code}
+                )
+            elif entry.process is None and now >= entry.restart_at:
+                self._launch(entry)
+
+    def stop_all(self) -> None:
+        for entry in self.pods.values():
+            _stop_process(entry.process)
+
+
+def _stop_process(process: subprocess.Popen[bytes] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def _consumer_error(log_file: Path) -> str:
+    """The consumer's own reason for stopping (its last error log line)."""
+    import json
+
+    for line in reversed(log_file.read_text(errors="replace").splitlines()[-50:]):
+        if '"level": "error"' in line:
+            try:
+                return str(json.loads(line)["message"]).removeprefix("consumer stopped: ")[:1024]
+            except ValueError:
+                return line[:1024]
+    return ""
 
 
 def _error_message(log_file: Path, code: int) -> str:

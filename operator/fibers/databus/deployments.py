@@ -1,0 +1,130 @@
+"""What runs a DatabusConsumer: its rendered configuration and one Deployment per instance (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from fibers.api import API_VERSION
+
+PLURAL = "databusconsumers"
+KIND = "DatabusConsumer"
+LABEL_CONSUMER = "fibers.dev/databusconsumer"
+LABEL_INSTANCE = "fibers.dev/instance"
+SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"
+
+
+def checkpoint_config_map(body: dict[str, Any]) -> str:
+    return str((body["spec"].get("checkpoint") or {}).get("configMapName") or f"{body['metadata']['name']}-checkpoint")
+
+
+def render_config(
+    body: dict[str, Any], *, instance: int, kafka_bootstrap: str | None, start_position: str | None = None
+) -> dict[str, Any]:
+    """The JSON `fibers consume` runs from; secrets stay in environment variables."""
+    meta, spec = body["metadata"], body["spec"]
+    bootstrap_servers = (spec.get("relay") or {}).get("bootstrapServers") or kafka_bootstrap
+    if not bootstrap_servers:
+        raise ValueError("spec.relay.bootstrapServers is not set and the operator has no default Kafka")
+    sink = dict(spec["sink"])
+    sink.pop("uriSecretRef", None)
+    if sink["type"] in ("mongodb", "bootstrap"):
+        sink["uriEnv"] = SINK_URI_ENV
+    bootstrap = spec.get("bootstrap") or {}
+    policy = spec.get("callbackPolicy") or {}
+    checkpoint = spec.get("checkpoint") or {}
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "instance": instance,
+        "instances": int(spec.get("instances", 1)),
+        "relay": {"bootstrapServers": bootstrap_servers, "topics": list(spec["sources"])},
+        "sink": sink,
+        "bootstrap": {"uriEnv": STORE_URI_ENV, "database": bootstrap["database"]} if bootstrap.get("enabled") else None,
+        "checkpoint": {
+            "configMapName": checkpoint_config_map(body),
+            "minIntervalSeconds": float(checkpoint.get("minIntervalSeconds", 1)),
+        },
+        "startPosition": start_position or spec.get("startPosition", "earliest"),
+        "callback": {
+            "timeoutSeconds": policy.get("timeoutSeconds", 60),
+            "retries": policy.get("retries", 5),
+            "retryBackoffSeconds": policy.get("retryBackoffSeconds", 1),
+        },
+        "labels": {LABEL_CONSUMER: meta["name"], "fibers.dev/consumer-uid": meta["uid"]},
+    }
+
+
+def _secret_env(name: str, ref: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}
+
+
+def deployment(
+    body: dict[str, Any], *, instance: int, config: dict[str, Any], image: str, service_account: str | None
+) -> dict[str, Any]:
+    meta, spec = body["metadata"], body["spec"]
+    name = meta["name"]
+    rendered = json.dumps(config, sort_keys=True)
+    labels = {LABEL_CONSUMER: name, LABEL_INSTANCE: str(instance)}
+    env: list[dict[str, Any]] = [{"name": "FIBERS_CONSUMER_CONFIG", "value": rendered}]
+    if spec["sink"].get("uriSecretRef"):
+        env.append(_secret_env(SINK_URI_ENV, spec["sink"]["uriSecretRef"]))
+    if (spec.get("bootstrap") or {}).get("enabled"):
+        env.append(_secret_env(STORE_URI_ENV, spec["bootstrap"]["uriSecretRef"]))
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {
+                "name": "consumer",
+                "image": spec.get("image") or image,
+                "command": ["fibers", "consume"],
+                "env": env,
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+    }
+    if spec.get("serviceAccount") or service_account:
+        pod_spec["serviceAccountName"] = spec.get("serviceAccount") or service_account
+    template_hash = hashlib.sha256((rendered + json.dumps(pod_spec, sort_keys=True)).encode()).hexdigest()[:12]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": f"{name}-{instance}",
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND,
+                    "name": name,
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "replicas": 0 if spec.get("state") == "stopped" else 1,
+            # Recreate: the old pod is gone before the new one starts, so partitions are never owned twice.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "fibers.dev/template-hash": template_hash,
+                        "fibers.dev/restart-nonce": str(spec.get("restartNonce") or ""),
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

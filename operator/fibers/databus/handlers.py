@@ -1,0 +1,49 @@
+"""kopf handlers for DatabusConsumer: thin, each asks the reconciler to look at one consumer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from fibers.api import GROUP, VERSION
+from fibers.databus import deployments
+from fibers.databus.deployments import PLURAL
+from fibers.databus.reconciler import DatabusReconciler
+
+
+def _reconciler(memo: Any) -> DatabusReconciler:
+    reconciler: DatabusReconciler = memo.databus
+    return reconciler
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def consumer_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=3, initial_delay=2, backoff=5)
+async def consumer_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Mirror the checkpoints the consumers write into status."""
+    await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Deployments go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
+    if ((body["spec"].get("checkpoint") or {}).get("retention") or "Retain") != "Delete":
+        return
+    core = _reconciler(memo).kube.core
+    try:
+        await asyncio.to_thread(
+            core.delete_namespaced_config_map,
+            deployments.checkpoint_config_map(dict(body)),
+            body["metadata"]["namespace"],
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -1,0 +1,219 @@
+"""The DatabusConsumer reconciler: Deployments in, checkpoint ConfigMap out.
+
+It keeps one Deployment per instance matching the spec, carries out seeks, and mirrors the
+checkpoints (written by the consumers themselves) into the resource's status. A malformed
+checkpoint is reported, never rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from fibers import conditions
+from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
+from fibers.databus import deployments
+from fibers.databus.checkpoint import CheckpointError, Checkpoints
+from fibers.databus.checkpoint_store import STATS_ANNOTATION
+from fibers.databus.deployments import LABEL_CONSUMER, PLURAL
+from fibers.kube import Kube
+
+log = logging.getLogger("fibers.databus.operator")
+MODE_ORDER = ["INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"]
+
+
+class DatabusReconciler:
+    def __init__(self, kube: Kube, *, kafka_bootstrap: str | None, image: str, service_account: str | None) -> None:
+        self.kube = kube
+        self.apps = client.AppsV1Api(kube.api)
+        self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
+        self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        async with self._locks[(namespace, name)]:
+            body = await self.kube.get_object(PLURAL, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            await self._reconcile(body)
+
+    async def _deployments(self, namespace: str, name: str) -> dict[str, Any]:
+        result = await asyncio.to_thread(
+            self.apps.list_namespaced_deployment, namespace, label_selector=f"{LABEL_CONSUMER}={name}"
+        )
+        return {str(d.metadata.name): d for d in result.items if d.metadata}
+
+    async def _reconcile(self, body: dict[str, Any]) -> None:
+        meta, spec = body["metadata"], body["spec"]
+        namespace, name = meta["namespace"], meta["name"]
+        status = dict(body.get("status") or {})
+        ctx = {"namespace": namespace, "resource": name}
+        existing = await self._deployments(namespace, name)
+
+        seek = spec.get("seek")
+        if seek and seek["nonce"] != status.get("lastSeekNonce"):
+            await self._seek(body, existing, seek, ctx)
+            status["lastSeekNonce"] = seek["nonce"]
+            await self.kube.replace_status(PLURAL, namespace, name, status, body.get("status") or {})
+            body["status"] = dict(status)
+            existing = {}
+        start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
+
+        problem = ""
+        wanted: set[str] = set()
+        try:
+            for instance in range(int(spec.get("instances", 1))):
+                config = deployments.render_config(
+                    body, instance=instance, kafka_bootstrap=self.kafka_bootstrap, start_position=start
+                )
+                manifest = deployments.deployment(
+                    body, instance=instance, config=config, image=self.image, service_account=self.service_account
+                )
+                wanted.add(manifest["metadata"]["name"])
+                await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)
+        except ValueError as exc:
+            problem = str(exc)
+        for extra in set(existing) - wanted:
+            await asyncio.to_thread(self.apps.delete_namespaced_deployment, extra, namespace)
+            log.info("instance removed", extra={**ctx, "deployment": extra})
+        if spec.get("restartNonce"):
+            status["lastRestartNonce"] = spec["restartNonce"]
+
+        new_status = await self._observe(body, status, problem)
+        if new_status != body.get("status"):
+            await self.kube.replace_status(PLURAL, namespace, name, new_status, body.get("status") or {})
+
+    async def _apply(self, manifest: dict[str, Any], current: Any, ctx: dict[str, Any]) -> None:
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        if current is None:
+            await asyncio.to_thread(self.apps.create_namespaced_deployment, namespace, manifest)  # type: ignore[arg-type]
+            log.info("instance created", extra={**ctx, "deployment": name})
+            return
+        template = current.spec.template.metadata.annotations or {}
+        wanted = manifest["spec"]["template"]["metadata"]["annotations"]
+        if template != wanted or current.spec.replicas != manifest["spec"]["replicas"]:
+            patch = {"spec": {"replicas": manifest["spec"]["replicas"], "template": manifest["spec"]["template"]}}
+            await asyncio.to_thread(self.apps.patch_namespaced_deployment, name, namespace, patch)
+            log.info("instance updated", extra={**ctx, "deployment": name, "replicas": manifest["spec"]["replicas"]})
+
+    async def _seek(
+        self, body: dict[str, Any], existing: dict[str, Any], seek: dict[str, Any], ctx: dict[str, Any]
+    ) -> None:
+        """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
+        namespace = body["metadata"]["namespace"]
+        for name in existing:
+            await asyncio.to_thread(
+                self.apps.delete_namespaced_deployment, name, namespace, propagation_policy="Foreground"
+            )
+        for _ in range(120):
+            pods = await asyncio.to_thread(
+                self.kube.core.list_namespaced_pod,
+                namespace,
+                label_selector=f"{LABEL_CONSUMER}={body['metadata']['name']}",
+            )
+            if not pods.items:
+                break
+            await asyncio.sleep(0.5)
+        try:
+            await asyncio.to_thread(
+                self.kube.core.delete_namespaced_config_map, deployments.checkpoint_config_map(body), namespace
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
+
+    async def _observe(self, body: dict[str, Any], status: dict[str, Any], problem: str) -> dict[str, Any]:
+        meta, spec = body["metadata"], body["spec"]
+        namespace, name = meta["namespace"], meta["name"]
+        generation = int(meta.get("generation", 0))
+        cm_name = deployments.checkpoint_config_map(body)
+        new: dict[str, Any] = {k: v for k, v in status.items() if k in ("lastRestartNonce", "lastSeekNonce")}
+        new.update(observedGeneration=generation, checkpointConfigMap=cm_name)
+
+        try:
+            cm = await asyncio.to_thread(self.kube.core.read_namespaced_config_map, cm_name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            cm = None
+        invalid = ""
+        if cm is not None:
+            try:
+                checkpoints = Checkpoints.from_configmap_data(cm.data or {}, list(spec["sources"]))
+            except CheckpointError as exc:
+                invalid = f"checkpoint ConfigMap {cm_name} cannot be used: {exc}"
+            else:
+                _mirror_checkpoints(new, checkpoints, (cm.metadata.annotations or {}) if cm.metadata else {})
+
+        deps = await self._deployments(namespace, name)
+        new["readyInstances"] = sum(int(d.status.ready_replicas or 0) for d in deps.values() if d.status)
+        failure = await self._pod_failure(namespace, name)
+
+        conds, phase = _conditions(spec, new, problem, invalid, failure)
+        new["phase"] = phase
+        new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
+        return new
+
+    async def _pod_failure(self, namespace: str, name: str) -> str:
+        """The last error an instance exited with, while it is not running again."""
+        pods = await asyncio.to_thread(
+            self.kube.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_CONSUMER}={name}"
+        )
+        for pod in pods.items:
+            for cs in (pod.status.container_statuses or []) if pod.status else []:
+                if cs.ready:
+                    continue
+                terminated = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
+                if terminated and terminated.exit_code:
+                    return str(terminated.message or f"exited with code {terminated.exit_code}")
+        return ""
+
+
+def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str]) -> None:
+    if len(checkpoints):
+        modes = [cp.consumption_mode.value for cp in checkpoints.values()]
+        status["consumptionMode"] = min(modes, key=MODE_ORDER.index)
+        status["windowScn"] = min(cp.window_scn for cp in checkpoints.values())
+        status["prevScn"] = min(cp.prev_scn for cp in checkpoints.values())
+        status["timelines"] = len(checkpoints)
+    stats = [json.loads(v) for k, v in annotations.items() if k.startswith(STATS_ANNOTATION)]
+    if stats:
+        status["lag"] = sum(int(s.get("lag") or 0) for s in stats)
+        status["eventsProcessed"] = sum(int(s.get("eventsProcessed") or 0) for s in stats)
+        status["lastCheckpointTime"] = max(str(s.get("lastCheckpointTime", "")) for s in stats)
+
+
+def _conditions(
+    spec: dict[str, Any], status: dict[str, Any], problem: str, invalid: str, failure: str
+) -> tuple[list[Condition], str]:
+    def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
+        return [
+            Condition(READY, ready, reason, message),
+            Condition(RECONCILING, reconciling, reason, message),
+            Condition(STALLED, stalled, reason, message),
+        ]
+
+    if problem:
+        return cond(False, False, True, "InvalidSpec", problem), "Failed"
+    if invalid:
+        return cond(False, False, True, "CheckpointInvalid", invalid), "Failed"
+    if spec.get("state") == "stopped":
+        return cond(True, False, False, "Stopped", "no instance runs; checkpoints are kept"), "Stopped"
+    if failure:
+        reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
+        return cond(False, True, False, reason, f"an instance exited: {failure}"), "Failed"
+    instances = int(spec.get("instances", 1))
+    mode = status.get("consumptionMode", "INIT")
+    if mode.startswith("BOOTSTRAP"):
+        return cond(False, True, False, "Bootstrapping", f"bootstrapping ({mode})"), "Bootstrapping"
+    if status["readyInstances"] < instances:
+        return cond(
+            False, True, False, "Starting", f"{status['readyInstances']}/{instances} instances ready"
+        ), "Pending"
+    return cond(True, False, False, "Consuming", f"{instances} instance(s) consuming online"), "Running"

@@ -1,0 +1,480 @@
+"""DatabusConsumer end to end: PostgreSQL → Debezium (a Connect resource) → Kafka → consumer → MongoDB.
+
+Consumer pods are run by the stack's local executor (the kubelet stand-in) as local processes
+of `fibers consume`, the same command the pods run. Some tests run that command directly, to
+kill it at will.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kubernetes import client, watch
+from kubernetes.client import ApiClient
+from pymongo import MongoClient
+
+from fibers.databus.checkpoint import Checkpoint
+from fibers.databus.events import decode
+from fibers.stack import StackInfo
+from tests.helpers import Resources, produce, wait_for
+from tests.integration.conftest import OperatorProcess
+
+pytestmark = pytest.mark.databus
+PG = psycopg.Connection[tuple[Any, ...]]
+
+
+@pytest.fixture(scope="module")
+def consumers(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    return Resources(kube, "databusconsumers", namespace)
+
+
+@pytest.fixture(scope="module")
+def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
+    client.CoreV1Api(kube).create_namespaced_secret(
+        namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="mongo"), string_data={"uri": stack_info.mongodb_uri}),
+    )
+    return "mongo"
+
+
+def table_rows(pg: PG, table: str) -> dict[str, dict[str, Any]]:
+    return {
+        str(r[0]): {"id": r[0], "item": r[1], "qty": r[2]}
+        for r in pg.execute(f"SELECT id, item, qty FROM {table} ORDER BY id").fetchall()
+    }
+
+
+def view_rows(mongo: MongoClient[dict[str, Any]], db: str, collection: str) -> dict[str, dict[str, Any]]:
+    return {d["_id"]: {k: d[k] for k in ("id", "item", "qty")} for d in mongo[db][collection].find()}
+
+
+def mutate(pg: PG, table: str, rounds: int, rng: random.Random, start_id: int = 0) -> None:
+    """Inserts, updates and deletes, several per transaction."""
+    next_id = start_id
+    for _ in range(rounds):
+        with pg.transaction():
+            for _ in range(rng.randint(2, 6)):
+                live = [r[0] for r in pg.execute(f"SELECT id FROM {table}").fetchall()]
+                choice = rng.random()
+                if choice < 0.5 or not live:
+                    pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (next_id, f"item{next_id}", 1))
+                    next_id += 1
+                elif choice < 0.85:
+                    pg.execute(
+                        f"UPDATE {table} SET qty = qty + 1, item = %s WHERE id = %s",
+                        (f"upd{rng.randint(0, 99)}", rng.choice(live)),
+                    )
+                else:
+                    pg.execute(f"DELETE FROM {table} WHERE id = %s", (rng.choice(live),))
+
+
+@pytest.fixture(scope="module")
+def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: StackInfo) -> Iterator[dict[str, Any]]:
+    """A PostgreSQL table and a Debezium Connect resource streaming it into Kafka with transaction metadata."""
+    table = f"orders_{namespace.replace('-', '_')}"
+    dsn = psycopg.conninfo.conninfo_to_dict(stack_info.postgres_dsn)
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, item text, qty int)")
+        for i in range(5):
+            pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (i, f"seed{i}", i))
+    connects = Resources(kube, "connects", namespace)
+    prefix = f"cdc{namespace.replace('-', '')}"
+    connects.create(
+        "orders-cdc",
+        {
+            "class": "io.debezium.connector.postgresql.PostgresConnector",
+            "config": {
+                "plugin.name": "pgoutput",
+                "database.hostname": dsn["host"],
+                "database.port": int(dsn["port"]),
+                "database.user": "postgres",
+                "database.password": "unused",
+                "database.dbname": "postgres",
+                "topic.prefix": prefix,
+                "table.include.list": f"public.{table}",
+                "slot.name": prefix,
+                "publication.name": prefix,
+                "publication.autocreate.mode": "filtered",
+                "provide.transaction.metadata": "true",
+            },
+        },
+    )
+    connects.wait_condition("orders-cdc", "True", "Running", timeout=120)
+    topic = f"{prefix}.public.{table}"
+    wait_for(
+        lambda: topic in AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap}).list_topics(timeout=10).topics,
+        timeout=60,
+        what="CDC topic created by the snapshot",
+    )
+    yield {"table": table, "topic": topic, "slot": prefix}
+    connects.delete("orders-cdc")
+    wait_for(lambda: not connects.exists("orders-cdc"), timeout=60, what="connector deleted")
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        wait_for(
+            lambda: (
+                pg.execute(
+                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (prefix,)
+                ).fetchone()
+                == (0,)
+            ),
+            timeout=30,
+            what="slot released",
+        )
+        pg.execute("SELECT pg_drop_replication_slot(%s)", (prefix,))
+
+
+def mongo_sink(secret: str, db: str, collection: str) -> dict[str, Any]:
+    return {"type": "mongodb", "uriSecretRef": {"name": secret, "key": "uri"}, "database": db, "collection": collection}
+
+
+def test_table_is_materialised_in_mongodb(
+    consumers: Resources, cdc: dict[str, Any], mongo_secret: str, stack_info: StackInfo, unique: str
+) -> None:
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    consumers.create(unique, {"sources": [cdc["topic"]], "sink": mongo_sink(mongo_secret, unique, "orders")})
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        mutate(pg, cdc["table"], 15, random.Random(1), start_id=100)
+        expected = table_rows(pg, cdc["table"])
+    wait_for(lambda: view_rows(mongo, unique, "orders") == expected, timeout=120, what="MongoDB equals the table")
+    status = consumers.wait_condition(unique, "True", "Consuming", timeout=60) and consumers.status(unique)
+    assert status["consumptionMode"] == "ONLINE_CONSUMPTION"
+    assert status["windowScn"] > 0 and status["prevScn"] == status["windowScn"]
+    assert status["readyInstances"] == 1
+    assert status["checkpointConfigMap"] == f"{unique}-checkpoint"
+    consumers.wait_status(unique, lambda s: s.get("lag") == 0 and s.get("eventsProcessed", 0) > 0, timeout=30)
+
+
+def checkpoint_modes(kube: ApiClient, namespace: str, name: str, seen: list[str], stop: threading.Event) -> None:
+    """Every consumption_mode written to a checkpoint ConfigMap, in order, through a watch."""
+    core = client.CoreV1Api(kube)
+    w = watch.Watch()
+    while not stop.is_set():
+        for event in w.stream(
+            core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={name}", timeout_seconds=2
+        ):
+            for key, value in (event["object"].data or {}).items():
+                if key != "sources.sha256":
+                    mode = Checkpoint.parse(value).consumption_mode.value
+                    if not seen or seen[-1] != mode:
+                        seen.append(mode)
+            if stop.is_set():
+                break
+
+
+def test_a_later_consumer_bootstraps_from_the_store(
+    consumers: Resources,
+    cdc: dict[str, Any],
+    mongo_secret: str,
+    stack_info: StackInfo,
+    kube: ApiClient,
+    namespace: str,
+    unique: str,
+) -> None:
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    store = {"enabled": True, "uriSecretRef": {"name": mongo_secret, "key": "uri"}, "database": f"{unique}store"}
+    consumers.create(
+        f"{unique}-store",
+        {
+            "sources": [cdc["topic"]],
+            "sink": {
+                "type": "bootstrap",
+                "uriSecretRef": {"name": mongo_secret, "key": "uri"},
+                "database": f"{unique}store",
+            },
+        },
+    )
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        mutate(pg, cdc["table"], 10, random.Random(2), start_id=300)
+    consumers.wait_condition(f"{unique}-store", "True", "Consuming", timeout=90)
+    consumers.wait_status(f"{unique}-store", lambda s: s.get("lag") == 0, timeout=60, what="store caught up")
+
+    seen: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=checkpoint_modes, args=(kube, namespace, f"{unique}-view-checkpoint", seen, stop), daemon=True
+    )
+    watcher.start()
+    consumers.create(
+        f"{unique}-view",
+        {
+            "sources": [cdc["topic"]],
+            "sink": mongo_sink(mongo_secret, unique, "orders"),
+            "bootstrap": store,
+            "startPosition": "bootstrap",
+        },
+    )
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        mutate(pg, cdc["table"], 5, random.Random(3), start_id=400)  # changes while it bootstraps
+        expected = table_rows(pg, cdc["table"])
+    wait_for(lambda: view_rows(mongo, unique, "orders") == expected, timeout=120, what="bootstrapped view equals table")
+    consumers.wait_condition(f"{unique}-view", "True", "Consuming", timeout=60)
+    stop.set()
+    watcher.join(10)
+    assert seen[:3] == ["BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"], seen
+
+
+def test_malformed_checkpoint_is_reported_not_reset(
+    consumers: Resources, cdc: dict[str, Any], mongo_secret: str, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    core = client.CoreV1Api(kube)
+    data = {"sources.sha256": "0" * 64, f"{cdc['topic']}.0": "{not json"}
+    core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"{unique}-checkpoint"), data=data)
+    )
+    consumers.create(unique, {"sources": [cdc["topic"]], "sink": mongo_sink(mongo_secret, unique, "orders")})
+    cond = consumers.wait_condition(unique, "False", "CheckpointInvalid", timeout=60)
+    assert f"{unique}-checkpoint" in cond["message"]
+    assert consumers.condition(unique, "Stalled")["status"] == "True"
+    time.sleep(3)
+    assert core.read_namespaced_config_map(f"{unique}-checkpoint", namespace).data == data  # untouched
+
+
+# ----- the runtime on its own: killed, failing callbacks, falling off the relay ------------------
+
+
+def run_consumer(
+    stack_info: StackInfo, config: dict[str, Any], log_file: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        **stack_info.env(),
+        "FIBERS_SINK_MONGODB_URI": stack_info.mongodb_uri,
+        "FIBERS_BOOTSTRAP_MONGODB_URI": stack_info.mongodb_uri,
+        **(extra_env or {}),
+    }
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fibers", "consume", "--config", json.dumps(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+def consumer_config(
+    name: str, namespace: str, topic: str, stack_info: StackInfo, sink: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "relay": {"bootstrapServers": stack_info.kafka_bootstrap, "topics": [topic]},
+        "sink": sink,
+        "checkpoint": {"configMapName": f"{name}-checkpoint", "minIntervalSeconds": 0.2},
+        "startPosition": "earliest",
+        **extra,
+    }
+
+
+def stored_checkpoint(kube: ApiClient, namespace: str, name: str, key: str) -> Checkpoint | None:
+    try:
+        cm = client.CoreV1Api(kube).read_namespaced_config_map(f"{name}-checkpoint", namespace)
+    except client.exceptions.ApiException:
+        return None
+    text = (cm.data or {}).get(key)
+    return Checkpoint.parse(text) if text else None
+
+
+def record_at(bootstrap: str, topic: str, offset: int) -> Any:
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.auto.commit": False})
+    reader.assign([TopicPartition(topic, 0, offset)])
+    try:
+        for _ in range(40):
+            message = reader.poll(0.5)
+            if message is not None and not message.error():
+                return decode(message.topic(), message.partition(), message.offset(), message.key(), message.value())
+    finally:
+        reader.close()
+    raise AssertionError(f"no record at {topic}@{offset}")
+
+
+def deleted_after(bootstrap: str, topic: str, key: str, offset: int) -> bool:
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.auto.commit": False})
+    reader.assign([TopicPartition(topic, 0, offset)])
+    try:
+        while (message := reader.poll(2)) is not None:
+            if message.error():
+                continue
+            event = decode(message.topic(), message.partition(), message.offset(), message.key(), message.value())
+            if event is not None and event.key == key and event.op == "d":
+                return True
+    finally:
+        reader.close()
+    return False
+
+
+def test_sigkill_twenty_times_loses_nothing_and_checkpoints_never_run_ahead(
+    cdc: dict[str, Any], stack_info: StackInfo, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+) -> None:
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    collection = mongo[unique]["orders"]
+    config = consumer_config(
+        unique,
+        namespace,
+        cdc["topic"],
+        stack_info,
+        {"type": "mongodb", "uriEnv": "FIBERS_SINK_MONGODB_URI", "database": unique, "collection": "orders"},
+    )
+    writer_done = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+            mutate(pg, cdc["table"], 60, random.Random(7), start_id=1000)
+        writer_done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    rng = random.Random(11)
+    key = f"{cdc['topic']}.0"
+    for _ in range(20):
+        proc = run_consumer(stack_info, config, tmp_path / "consumer.log")
+        time.sleep(rng.uniform(1.5, 3.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        cp = stored_checkpoint(kube, namespace, unique, key)
+        next_offset = cp.get("kafka_next_offset") if cp else None
+        if isinstance(next_offset, int) and next_offset > 0:
+            # The last event the checkpoint covers must be in MongoDB already (or, for a delete, gone).
+            event = record_at(stack_info.kafka_bootstrap, cdc["topic"], next_offset - 1)
+            if event is not None and event.document is not None:
+                stored = collection.find_one({"_id": event.key})
+                applied = stored is not None and stored["_scn"] >= event.scn
+                # Absent is fine only if a later delete of that key was applied (events past the checkpoint).
+                assert applied or (
+                    stored is None and deleted_after(stack_info.kafka_bootstrap, cdc["topic"], event.key, next_offset)
+                ), f"checkpoint at offset {next_offset} is ahead of MongoDB for key {event.key}"
+    writer_done.wait(120)
+    proc = run_consumer(stack_info, config, tmp_path / "consumer.log")
+    try:
+        with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+            expected = table_rows(pg, cdc["table"])
+        wait_for(
+            lambda: view_rows(mongo, unique, "orders") == expected,
+            timeout=120,
+            what="MongoDB equals the table after 20 kills",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_callback_error_rolls_back_and_retries(
+    stack_info: StackInfo, namespace: str, tmp_path: Path, unique: str
+) -> None:
+    module = tmp_path / "flaky_callback.py"
+    module.write_text(
+        "import json, pathlib\n"
+        "from fibers.databus.callbacks import Callback, Result\n"
+        "class Flaky(Callback):\n"
+        "    def __init__(self, journal):\n"
+        "        self.journal = pathlib.Path(journal)\n"
+        "        self.failures = 0\n"
+        "    def note(self, *entry):\n"
+        "        with self.journal.open('a') as f:\n"
+        "            f.write(json.dumps(entry) + '\\n')\n"
+        "    def on_data_event(self, event):\n"
+        "        if event.key == '3' and self.failures < 2:\n"
+        "            self.failures += 1\n"
+        "            self.note('error', event.key)\n"
+        "            return Result.ERROR\n"
+        "        self.note('event', event.key)\n"
+        "        return Result.SUCCESS\n"
+        "    def on_rollback(self, scn):\n"
+        "        self.note('rollback', scn)\n"
+        "        return Result.SUCCESS\n"
+    )
+    journal = tmp_path / "journal.jsonl"
+    produce(stack_info.kafka_bootstrap, unique, [{"id": i, "v": i} for i in range(6)], key="id")
+    config = consumer_config(
+        unique,
+        namespace,
+        unique,
+        stack_info,
+        {"type": "callback", "callback": "flaky_callback:Flaky", "options": {"journal": str(journal)}},
+        callback={"retries": 3, "retryBackoffSeconds": 0.2},
+    )
+    proc = run_consumer(stack_info, config, tmp_path / "consumer.log", {"PYTHONPATH": str(tmp_path)})
+    try:
+        wait_for(
+            lambda: journal.exists() and journal.read_text().count('"event"') >= 6,
+            timeout=60,
+            what="all events delivered",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [e[0] for e in entries].count("rollback") == 2
+    assert [e[1] for e in entries if e[0] == "event"] == ["0", "1", "2", "3", "4", "5"]  # each once, in order
+
+
+def low_watermark(bootstrap: str, topic: str) -> int:
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        return int(probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0])
+    finally:
+        probe.close()
+
+
+def test_falling_off_the_relay_bootstraps(
+    stack_info: StackInfo, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+) -> None:
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
+    admin.create_topics(
+        [NewTopic(unique, 1, 1, config={"retention.ms": "3000", "segment.ms": "500", "segment.bytes": "1048576"})]
+    )[unique].result(30)
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    store_cfg = consumer_config(
+        f"{unique}-store",
+        namespace,
+        unique,
+        stack_info,
+        {"type": "bootstrap", "uriEnv": "FIBERS_SINK_MONGODB_URI", "database": f"{unique}s"},
+    )
+    view_cfg = consumer_config(
+        f"{unique}-view",
+        namespace,
+        unique,
+        stack_info,
+        {"type": "mongodb", "uriEnv": "FIBERS_SINK_MONGODB_URI", "database": unique, "collection": "rows"},
+        bootstrap={"uriEnv": "FIBERS_BOOTSTRAP_MONGODB_URI", "database": f"{unique}s"},
+    )
+    store = run_consumer(stack_info, store_cfg, tmp_path / "store.log")
+    view = run_consumer(stack_info, view_cfg, tmp_path / "view.log")
+    try:
+        produce(stack_info.kafka_bootstrap, unique, [{"id": i, "v": 0} for i in range(5)], key="id")
+        wait_for(lambda: mongo[unique]["rows"].count_documents({}) == 5, timeout=60, what="view has the rows")
+        view.terminate()
+        view.wait(30)
+        for round_ in range(1, 4):  # more changes while the view is down, spread over several segments
+            produce(stack_info.kafka_bootstrap, unique, [{"id": i, "v": round_} for i in range(5, 8)], key="id")
+            time.sleep(1)
+        wait_for(
+            lambda: low_watermark(stack_info.kafka_bootstrap, unique) > 5,
+            timeout=60,
+            what="old records deleted from the relay",
+        )
+        view = run_consumer(stack_info, view_cfg, tmp_path / "view.log")
+        expected = {str(i): 0 for i in range(5)} | {str(i): 3 for i in range(5, 8)}
+        wait_for(
+            lambda: {d["_id"]: d["v"] for d in mongo[unique]["rows"].find()} == expected,
+            timeout=90,
+            what="view converged through a bootstrap",
+        )
+        assert "fell off the relay" in (tmp_path / "view.log").read_text()
+    finally:
+        for proc in (store, view):
+            proc.terminate()
+            proc.wait(30)
