@@ -66,6 +66,12 @@ def _consume(args: argparse.Namespace) -> int:
     return Runtime(config, client.CoreV1Api(load_client())).run()
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from fibers import demo
+
+    return demo.run(tty=False if args.no_tty else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fibers", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -86,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     consume_cmd.add_argument("--config", help="rendered consumer configuration (JSON); default $FIBERS_CONSUMER_CONFIG")
     consume_cmd.add_argument("--instance", type=int, help="this instance's number (overrides the configuration)")
     consume_cmd.set_defaults(func=_consume)
+
+    demo_cmd = sub.add_parser("demo", help="run the sample pipeline of examples/ on the local stack")
+    demo_cmd.add_argument("--no-tty", action="store_true", help="plain output (no redrawn table)")
+    demo_cmd.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

@@ -93,8 +93,9 @@ def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: 
             pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (i, f"seed{i}", i))
     connects = Resources(kube, "connects", namespace)
     prefix = f"cdc{namespace.replace('-', '')}"
+    connector = f"orders-cdc-{namespace}"  # connector names are per Connect cluster, not per namespace
     connects.create(
-        "orders-cdc",
+        connector,
         {
             "class": "io.debezium.connector.postgresql.PostgresConnector",
             "config": {
@@ -113,7 +114,7 @@ def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: 
             },
         },
     )
-    connects.wait_condition("orders-cdc", "True", "Running", timeout=120)
+    connects.wait_condition(connector, "True", "Running", timeout=120)
     topic = f"{prefix}.public.{table}"
     wait_for(
         lambda: topic in AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap}).list_topics(timeout=10).topics,
@@ -121,8 +122,8 @@ def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: 
         what="CDC topic created by the snapshot",
     )
     yield {"table": table, "topic": topic, "slot": prefix}
-    connects.delete("orders-cdc")
-    wait_for(lambda: not connects.exists("orders-cdc"), timeout=60, what="connector deleted")
+    connects.delete(connector)
+    wait_for(lambda: not connects.exists(connector), timeout=60, what="connector deleted")
     with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
         wait_for(
             lambda: (

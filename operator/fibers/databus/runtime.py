@@ -20,6 +20,7 @@ import concurrent.futures
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -132,8 +133,9 @@ class Runtime:
     # ----- start-up ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        if threading.current_thread() is threading.main_thread():  # embedded runs (benchmarks) stop by flag
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
         try:
             stored = self.store.load()
             self._call(self.callback.on_start_consumption)

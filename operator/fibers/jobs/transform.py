@@ -135,6 +135,7 @@ class JobSpec:
     stream_back_topic: str | None = None
     checkpoint_location: str | None = None
     trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
+    output_mode: str = "append"  # streaming: append, update (aggregations), or complete
     spark_conf: dict[str, str] = field(default_factory=dict)
     master: str = "local[2]"
     result_config_map: str | None = None
@@ -177,6 +178,7 @@ class JobSpec:
                 _obj(raw.get("checkpoint") or {}, "spec.checkpoint"), "location", "spec.checkpoint"
             ),
             trigger_seconds=_trigger_seconds(raw.get("trigger")),
+            output_mode=_output_mode(raw.get("outputMode")),
             spark_conf=_str_map(raw.get("sparkConf"), "spec.sparkConf"),
             master=_opt_str(raw, "master", "spec") or "local[2]",
             result_config_map=_opt_str(raw, "resultConfigMap", "spec"),
@@ -280,6 +282,13 @@ def _one_of(raw: Mapping[str, Any], kinds: tuple[str, ...], where: str) -> str:
     if len(present) != 1:
         raise SpecError(f"{where} must have exactly one of {', '.join(kinds)}")
     return present[0]
+
+
+def _output_mode(raw: Any) -> str:
+    mode = raw or "append"
+    if mode not in ("append", "update", "complete"):
+        raise SpecError(f"spec.outputMode must be append, update or complete, not {mode!r}")
+    return str(mode)
 
 
 def _trigger_seconds(raw: Any) -> float:
@@ -630,7 +639,7 @@ def start_query(spec: JobSpec, result: DataFrame) -> StreamingQuery:
     writer = (
         _stream_writer(spec, result)
         .queryName(spec.run)
-        .outputMode("append")
+        .outputMode(spec.output_mode)
         .option("checkpointLocation", cast(str, spec.checkpoint_location))
         .trigger(processingTime=f"{milliseconds} milliseconds")
     )

@@ -142,6 +142,18 @@ def _save(info: StackInfo) -> None:
     _state_file().write_text(json.dumps(asdict(info), indent=2))
 
 
+def adopt_process(name: str, pid: int, argv: list[str]) -> None:
+    """Record a process started next to the stack (the demo's operator) so `down` stops it too."""
+    info = current()
+    if info is None:
+        raise RuntimeError("no stack is running")
+    if name in info.pids and process.alive(info.pids[name]):
+        process.stop(info.pids[name])
+    info.pids[name] = pid
+    info.commands[name] = {"argv": argv, "user": None, "env": None}
+    _save(info)
+
+
 def stop_component(name: str) -> None:
     """Stop one server of the running stack (tests use this to see the operator cope)."""
     info = current()

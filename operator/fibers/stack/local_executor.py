@@ -146,14 +146,7 @@ class LocalExecutor:
 
     def stop(self, job: Job) -> None:
         """The SparkApplication is gone: stop its job the way a deleted driver pod stops."""
-        try:
-            os.killpg(job.process.pid, signal.SIGTERM)
-            job.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.process.pid, signal.SIGKILL)
-            job.process.wait()
-        except ProcessLookupError:
-            pass
+        _stop_process(job.process)
         log.info("job stopped (application deleted)", extra={"namespace": job.namespace, "app": job.name})
 
     def sync(self) -> None:

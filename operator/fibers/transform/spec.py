@@ -114,6 +114,8 @@ def render_job(
         uses_kafka = True
     if spec.get("checkpoint"):
         job["checkpoint"] = dict(spec["checkpoint"])
+    if spec.get("outputMode"):
+        job["outputMode"] = spec["outputMode"]
     if uses_kafka:
         bootstrap = (spec.get("kafka") or {}).get("bootstrapServers") or defaults.kafka_bootstrap
         if not bootstrap:

@@ -1,0 +1,284 @@
+"""Benchmark: the DatabusConsumer runtime against a plain Kafka consumer loop, on the local stack.
+
+In one run it measures:
+  plain_loop_eps   — a confluent-kafka loop reading the topic and decoding each JSON value (the limit);
+  noop_sink_eps    — the runtime (windows, callbacks, checkpoints) with a sink that does nothing;
+  mongodb_sink_eps — the runtime writing every event to MongoDB (FerretDB) with the SCN guard;
+  noop_ratio       — noop_sink_eps / plain_loop_eps (goal ≥ 0.7);
+  latency p50/p99  — from a PostgreSQL commit to the row appearing in MongoDB, through Debezium,
+                     Kafka and the runtime;
+  bootstrap_rows_per_s — rows delivered by a bootstrap (snapshot + catchup) from the store;
+  configmap_writes_per_s — checkpoint writes per second per consumer (goal ≤ 1).
+The last line printed is one JSON object with every figure.
+
+    .venv/bin/python bench/databus_throughput.py [--events 200000] [--mongo-events 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import psycopg
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kubernetes import client, config
+from pymongo import MongoClient
+
+from fibers import stack
+from fibers.databus.callbacks import Callback, Result
+from fibers.databus.config import ConsumerConfig
+from fibers.databus.events import ChangeEvent
+from fibers.databus.runtime import Runtime
+from fibers.databus.sinks import MongoSink
+from fibers.databus.store import BootstrapStore
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+    for i in range(n):
+        producer.produce(topic, key=str(i % 10000).encode(), value=json.dumps({"id": i % 10000, "n": i}).encode())
+        if i % 50000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+
+
+def plain_loop(bootstrap: str, topic: str, n: int) -> float:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4()}", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen, started = 0, time.monotonic()
+    while seen < n:
+        for message in consumer.consume(1000, timeout=1):
+            if message.error() is None:
+                json.loads(message.value())
+                seen += 1
+    elapsed = time.monotonic() - started
+    consumer.close()
+    return n / elapsed
+
+
+class Counting(Callback):
+    """Wraps a sink (or nothing) and stops the runtime after n events."""
+
+    def __init__(self, n: int, inner: Callback | None = None) -> None:
+        self.n, self.inner, self.seen = n, inner, 0
+        self.runtime: Runtime | None = None
+        self.done = threading.Event()
+
+    def on_data_event(self, event: ChangeEvent) -> Result:
+        if self.inner:
+            self.inner.on_data_event(event)
+        self.seen += 1
+        return Result.SUCCESS
+
+    on_bootstrap_event = on_data_event
+
+    def on_start_data_event_sequence(self, scn: int) -> Result:
+        return self.inner.on_start_data_event_sequence(scn) if self.inner else Result.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> Result:
+        result = self.inner.on_end_data_event_sequence(scn) if self.inner else Result.SUCCESS
+        if self.seen >= self.n and self.runtime:
+            self.runtime.stopping = True
+            self.done.set()
+        return result
+
+    on_start_bootstrap_sequence = on_start_data_event_sequence
+    on_end_bootstrap_sequence = on_end_data_event_sequence
+
+
+def run_runtime(
+    info: stack.StackInfo, core: client.CoreV1Api, topic: str, n: int, callback: Counting, **extra: Any
+) -> tuple[float, float]:
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    cfg = ConsumerConfig.from_dict(
+        {
+            "name": name,
+            "namespace": "default",
+            "relay": {"bootstrapServers": info.kafka_bootstrap, "topics": [topic]},
+            "sink": {"type": "log", "quiet": True},
+            "checkpoint": {"configMapName": f"{name}-checkpoint"},
+            "startPosition": "earliest",
+            **extra,
+        }
+    )
+    runtime = Runtime(cfg, core, callback=callback)
+    callback.runtime = runtime
+    started = time.monotonic()
+    thread = threading.Thread(target=runtime.run, daemon=True)
+    thread.start()
+    callback.done.wait(1800)
+    elapsed = time.monotonic() - started
+    thread.join(60)
+    core.delete_namespaced_config_map(f"{name}-checkpoint", "default")
+    return n / elapsed, runtime.store.writes / elapsed
+
+
+def latency(info: stack.StackInfo, core: client.CoreV1Api, samples: int) -> dict[str, float]:
+    """PostgreSQL commit → MongoDB document, through Debezium and the runtime."""
+    table = f"lat_{uuid.uuid4().hex[:6]}"
+    dsn = psycopg.conninfo.conninfo_to_dict(info.postgres_dsn)
+    with psycopg.connect(info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+        connect = httpx.Client(base_url=info.connect_url, timeout=30)
+        connect.post(
+            "/connectors",
+            json={
+                "name": table,
+                "config": {
+                    "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                    "plugin.name": "pgoutput",
+                    "database.hostname": "127.0.0.1",
+                    "database.port": str(dsn["port"]),
+                    "database.user": "postgres",
+                    "database.password": "x",
+                    "database.dbname": "postgres",
+                    "topic.prefix": table,
+                    "table.include.list": f"public.{table}",
+                    "slot.name": table,
+                    "publication.name": table,
+                    "publication.autocreate.mode": "filtered",
+                    "provide.transaction.metadata": "true",
+                    "poll.interval.ms": "50",
+                },
+            },
+        ).raise_for_status()
+        time.sleep(10)
+        pg.execute(f"INSERT INTO {table} VALUES (-1, 'warm-up')")
+        topic = f"{table}.public.{table}"
+        mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
+        import os
+
+        os.environ["BENCH_MONGO"] = info.mongodb_uri
+        sink = MongoSink("BENCH_MONGO", "bench", table)
+        callback = Counting(10**9, sink)
+        name = f"lat-{uuid.uuid4().hex[:6]}"
+        cfg = ConsumerConfig.from_dict(
+            {
+                "name": name,
+                "namespace": "default",
+                "relay": {"bootstrapServers": info.kafka_bootstrap, "topics": [topic]},
+                "sink": {"type": "log"},
+                "checkpoint": {"configMapName": f"{name}-checkpoint"},
+                "startPosition": "earliest",
+            }
+        )
+        runtime = Runtime(cfg, core, callback=callback)
+        thread = threading.Thread(target=runtime.run, daemon=True)
+        thread.start()
+        collection = mongo["bench"][table]
+        deadline = time.monotonic() + 60
+        while collection.find_one({"_id": "-1"}) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        delays = []
+        for i in range(samples):
+            pg.execute(f"INSERT INTO {table} VALUES (%s, 'x')", (i,))
+            committed = time.monotonic()
+            while collection.find_one({"_id": str(i)}) is None:
+                time.sleep(0.002)
+            delays.append((time.monotonic() - committed) * 1000)
+        runtime.stopping = True
+        thread.join(30)
+        connect.delete(f"/connectors/{table}")
+        core.delete_namespaced_config_map(f"{name}-checkpoint", "default")
+    quantiles = statistics.quantiles(delays, n=100)
+    return {"latency_p50_ms": round(statistics.median(delays), 1), "latency_p99_ms": round(quantiles[98], 1)}
+
+
+def bootstrap_rate(info: stack.StackInfo, core: client.CoreV1Api, rows: int) -> float:
+    """Fill a store directly, then time a consumer bootstrapping from it."""
+    import os
+
+    topic = f"boot-{uuid.uuid4().hex[:6]}"
+    produce(info.kafka_bootstrap, topic, 1)  # the relay topic must exist
+    mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
+    store = BootstrapStore(mongo[f"{topic.replace('-', '_')}store"])
+    for start in range(0, rows, 5000):
+        store.apply_window(
+            [
+                ChangeEvent(
+                    topic=topic,
+                    partition=0,
+                    offset=i,
+                    key=str(i),
+                    op="c",
+                    scn=i + 1,
+                    window="w",
+                    after={"id": i, "v": "x" * 20},
+                )
+                for i in range(start, min(start + 5000, rows))
+            ]
+        )
+    os.environ["BENCH_STORE"] = info.mongodb_uri
+    callback = Counting(rows)
+    rate, _ = run_runtime(
+        info,
+        core,
+        topic,
+        rows,
+        callback,
+        startPosition="bootstrap",
+        bootstrap={"uriEnv": "BENCH_STORE", "database": f"{topic.replace('-', '_')}store"},
+    )
+    return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--mongo-events", type=int, default=20_000)
+    parser.add_argument("--latency-samples", type=int, default=100)
+    parser.add_argument("--bootstrap-rows", type=int, default=20_000)
+    args = parser.parse_args()
+
+    say("starting (or reusing) the local stack")
+    info = stack.up()
+    core = client.CoreV1Api(config.new_client_from_config(config_file=info.kubeconfig))
+    topic = f"bench-{uuid.uuid4().hex[:6]}"
+    say(f"producing {args.events} records to {topic}")
+    produce(info.kafka_bootstrap, topic, args.events)
+
+    results: dict[str, Any] = {"benchmark": "databus_throughput", "events": args.events}
+    results["plain_loop_eps"] = round(plain_loop(info.kafka_bootstrap, topic, args.events))
+    say(f"plain loop: {results['plain_loop_eps']} events/s")
+    noop, writes = run_runtime(info, core, topic, args.events, Counting(args.events))
+    results["noop_sink_eps"] = round(noop)
+    results["configmap_writes_per_s"] = round(writes, 2)
+    results["noop_ratio"] = round(noop / results["plain_loop_eps"], 2)
+    say(f"runtime, no-op sink: {results['noop_sink_eps']} events/s, {writes:.2f} ConfigMap writes/s")
+
+    import os
+
+    os.environ["BENCH_MONGO"] = info.mongodb_uri
+    mongo_topic = f"benchm-{uuid.uuid4().hex[:6]}"
+    produce(info.kafka_bootstrap, mongo_topic, args.mongo_events)
+    sink = MongoSink("BENCH_MONGO", "bench", mongo_topic.replace("-", "_"))
+    mongo_rate, _ = run_runtime(info, core, mongo_topic, args.mongo_events, Counting(args.mongo_events, sink))
+    results["mongodb_sink_eps"] = round(mongo_rate)
+    say(f"runtime, MongoDB sink: {results['mongodb_sink_eps']} events/s")
+
+    results.update(latency(info, core, args.latency_samples))
+    say(f"latency: {results['latency_p50_ms']} ms p50, {results['latency_p99_ms']} ms p99")
+    results["bootstrap_rows_per_s"] = round(bootstrap_rate(info, core, args.bootstrap_rows))
+    say(f"bootstrap: {results['bootstrap_rows_per_s']} rows/s")
+    results["goals"] = {
+        "noop_ratio_ge_0.7": results["noop_ratio"] >= 0.7,
+        "configmap_writes_le_1_per_s": results["configmap_writes_per_s"] <= 1.0,
+    }
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""`make demo`'s script, run without a terminal, ends with the pipeline converged and the view checked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
+from pymongo import MongoClient
+
+from fibers.stack import StackInfo
+
+pytestmark = pytest.mark.demo
+
+
+def test_demo_pipeline_converges(stack_info: StackInfo, kube: ApiClient) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fibers", "demo", "--no-tty"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **stack_info.env()},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "identical ✓" in result.stdout
+    assert "kubectl get fibers -n shop" in result.stdout
+
+    custom = client.CustomObjectsApi(kube)
+    phases: dict[str, Any] = {}
+    for plural in ("connects", "transforms", "databusconsumers"):
+        for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", plural)["items"]:
+            phases[item["metadata"]["name"]] = (item.get("status") or {}).get("phase")
+    assert phases == {
+        "orders-cdc": "Running",
+        "orders-by-item": "Running",
+        "orders-report": "Succeeded",
+        "orders-store": "Running",
+        "orders-view": "Running",
+    }
+
+    with psycopg.connect(stack_info.postgres_dsn) as pg:
+        table = {str(r[0]): r[1] for r in pg.execute("SELECT id, qty FROM orders")}
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    assert {d["_id"]: d["qty"] for d in mongo["shop"]["orders"].find()} == table
+    assert len(table) > 20  # the seed rows plus what the demo wrote
