@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from dataclasses import asdict
+from typing import Any
 
 from fibers import logs
 
@@ -39,15 +40,25 @@ def _stack(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from fibers import controller  # noqa: F401  (registers the handlers)
+    from fibers import (
+        controller,  # noqa: F401  (registers the handlers)
+        metrics,
+    )
 
     if args.connect_url:
         os.environ["FIBERS_CONNECT_URL"] = args.connect_url
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    peering: dict[str, Any] = (
+        {"standalone": False, "peering_name": args.peering, "priority": args.priority}
+        if args.peering
+        else {"standalone": True}
+    )
     kopf.run(
-        standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace or [],
         liveness_endpoint=args.liveness or None,
+        **peering,
     )
     return 0
 
@@ -86,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
     run_cmd.add_argument("--connect-url", help="default Kafka Connect URL for Connect resources without spec.cluster")
     run_cmd.add_argument("--liveness", help="serve a liveness probe here, e.g. http://0.0.0.0:8080/healthz")
+    run_cmd.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    run_cmd.add_argument("--peering", help="kopf peering name: run with standbys (needs kopf's peering CRDs)")
+    run_cmd.add_argument("--priority", type=int, default=0, help="peering priority; the highest runs")
     run_cmd.set_defaults(func=_run)
 
     consume_cmd = sub.add_parser("consume", help="run a DatabusConsumer instance (what its pods run)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import socket
 import uuid
@@ -30,6 +31,17 @@ def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         else:
             patch[key] = value
     return patch
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line account of an error; for API errors, the API server's own message."""
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message") or exc.reason
+        except ValueError:
+            message = exc.reason
+        return f"{exc.status} {exc.reason}: {message}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class SecretMissing(LookupError):

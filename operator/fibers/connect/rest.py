@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from fibers import metrics
 from fibers.redact import redact
 
 
@@ -81,6 +82,7 @@ class ConnectClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         self.calls += 1
+        metrics.CONNECT_CALLS.labels(redact(self.url, [])).inc()
         try:
             response = await self._http.request(method, f"{self.url}{path}", **kwargs)
         except httpx.HTTPError as exc:

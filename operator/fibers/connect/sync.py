@@ -18,14 +18,14 @@ from typing import Any
 
 import kopf
 
-from fibers import conditions
+from fibers import conditions, metrics
 from fibers.api import ANNOTATION_PAUSED, ANNOTATION_RESTART, object_ref
 from fibers.conditions import READY, Condition, utcnow
 from fibers.connect import reconcile
 from fibers.connect.reconcile import Outcome, Step, Target
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.spec import KIND, PLURAL, SpecError, parse
-from fibers.kube import Kube, SecretMissing
+from fibers.kube import Kube, SecretMissing, describe
 from fibers.redact import redact
 
 log = logging.getLogger("fibers.connect")
@@ -211,7 +211,16 @@ class ConnectSync:
 
         async def one(target: Target) -> bool:
             async with gate:
-                return await self._reconcile(client, target, listing, refresh_budget)
+                try:
+                    with metrics.reconciling(KIND):
+                        return await self._reconcile(client, target, listing, refresh_budget)
+                except Exception as exc:  # one resource's failure (e.g. a forbidden status write) spares the rest
+                    log.warning(
+                        "reconcile failed: %s",
+                        redact(describe(exc), target.secrets),
+                        extra={"namespace": target.namespace, "resource": target.name},
+                    )
+                    return False
 
         settled = await asyncio.gather(*(one(t) for t in targets if self.targets.get(t.key) is t))
         if all(settled):
@@ -265,6 +274,7 @@ class ConnectSync:
             except (ConnectError, ConnectUnreachable):
                 outcome.topics = None
         status = reconcile.report(target, observed, outcome, now)
+        metrics.connector_state(target.namespace, target.name, status.get("connectorState"), status.get("runningTasks"))
         await self._publish(target, status)
         if Step.RESTART in outcome.done and target.restart_requested:
             target.restart_requested = False

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fibers import conditions
+from fibers import conditions, metrics
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.databus import deployments
 from fibers.databus.checkpoint import CheckpointError, Checkpoints
@@ -40,7 +40,8 @@ class DatabusReconciler:
             body = await self.kube.get_object(PLURAL, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
-            await self._reconcile(body)
+            with metrics.reconciling(deployments.KIND):
+                await self._reconcile(body)
 
     async def _deployments(self, namespace: str, name: str) -> dict[str, Any]:
         result = await asyncio.to_thread(
@@ -85,6 +86,9 @@ class DatabusReconciler:
             status["lastRestartNonce"] = spec["restartNonce"]
 
         new_status = await self._observe(body, status, problem)
+        if "lag" in new_status:
+            metrics.CONSUMER_LAG.labels(namespace, name).set(new_status["lag"])
+            metrics.CONSUMER_EVENTS.labels(namespace, name).set(new_status.get("eventsProcessed", 0))
         if new_status != body.get("status"):
             await self.kube.replace_status(PLURAL, namespace, name, new_status, body.get("status") or {})
 

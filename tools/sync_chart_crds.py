@@ -1,0 +1,79 @@
+"""Keep the Helm chart's generated files in step with their sources.
+
+- charts/fibers/crds/*.yaml are byte-for-byte copies of crds/*.yaml (the one source of truth;
+  helm does not follow symlinks reliably, so the chart carries copies);
+- charts/fibers/argocd/argocd-cm-values.yaml carries charts/fibers/argocd/health.lua once per kind,
+  as Argo CD keys health checks by group and kind.
+
+Run it after editing either source:  python tools/sync_chart_crds.py
+With --check it changes nothing and exits 1 when a generated file is stale (the chart test does this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CRDS = REPO / "crds"
+CHART = REPO / "charts" / "fibers"
+HEALTH_LUA = CHART / "argocd" / "health.lua"
+ARGOCD_VALUES = CHART / "argocd" / "argocd-cm-values.yaml"
+KINDS = ("Connect", "Transform", "DatabusConsumer")
+
+_HEADER = """\
+# Argo CD health checks for Fibers resources. Generated from health.lua by tools/sync_chart_crds.py;
+# edit health.lua, not this file.
+#
+# As values of the argo-cd Helm chart (configs.cm becomes the argocd-cm ConfigMap). With a plain
+# argocd-cm ConfigMap, put the same keys under its `data:`.
+configs:
+  cm:
+"""
+
+
+def argocd_values(script: str) -> str:
+    body = "".join(f"      {line}\n" if line else "\n" for line in script.rstrip("\n").split("\n"))
+    return _HEADER + "".join(f"    resource.customizations.health.fibers.dev_{kind}: |\n{body}" for kind in KINDS)
+
+
+def expected() -> dict[Path, bytes]:
+    """Every generated file and the content it should have."""
+    files = {CHART / "crds" / src.name: src.read_bytes() for src in sorted(CRDS.glob("*.yaml"))}
+    files[ARGOCD_VALUES] = argocd_values(HEALTH_LUA.read_text()).encode()
+    return files
+
+
+def stale() -> list[str]:
+    """Generated files that are missing, different, or left over from a CRD that is gone."""
+    want = expected()
+    problems = [str(p.relative_to(REPO)) for p, data in want.items() if not p.exists() or p.read_bytes() != data]
+    problems += [str(p.relative_to(REPO)) for p in (CHART / "crds").glob("*.yaml") if p not in want]
+    return sorted(problems)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    args = parser.parse_args(argv)
+    problems = stale()
+    if args.check:
+        for name in problems:
+            print(f"stale: {name}")
+        return 1 if problems else 0
+    want = expected()
+    for path in (CHART / "crds").glob("*.yaml"):
+        if path not in want:
+            path.unlink()
+    for path, data in want.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_bytes() != data:
+            path.write_bytes(data)
+    for name in problems:
+        print(f"updated: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
