@@ -62,6 +62,7 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self._background: set[asyncio.Task[None]] = set()
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         try:
@@ -127,6 +128,12 @@ class Kube:
             await asyncio.to_thread(self.core.create_namespaced_event, meta["namespace"], event)
         except ApiException as exc:
             log.warning("could not post event", extra={"reason": reason, "status": exc.status})
+
+    def post_event_soon(self, ref: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """Post an Event in the background, so a reconcile never waits on it."""
+        task = asyncio.create_task(self.post_event(ref, reason, message, warning=warning))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def remove_annotation(self, plural: str, namespace: str, name: str, annotation: str) -> None:
         patch = {"metadata": {"annotations": {annotation: None}}}

@@ -66,7 +66,6 @@ class ConnectSync:
         self._last_sync: dict[str, float] = {}
         self._written: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
-        self._background: set[asyncio.Task[None]] = set()
 
     # ----- registration, from kopf handlers -------------------------------------------------------
 
@@ -317,9 +316,7 @@ class ConnectSync:
     def _event(self, target: Target, reason: str, message: str, *, warning: bool = False) -> None:
         """Post an Event without holding up the sync."""
         ref = object_ref(KIND, target.namespace, target.name, target.uid)
-        task = asyncio.create_task(self.kube.post_event(ref, reason, redact(message, target.secrets), warning=warning))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.kube.post_event_soon(ref, reason, redact(message, target.secrets), warning=warning)
 
     async def _publish(self, target: Target, status: dict[str, Any]) -> None:
         """Write the status if it changed (or the heartbeat is due), and post an Event on Ready flips."""

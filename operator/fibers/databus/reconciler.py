@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from fibers import conditions, metrics
+from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.databus import deployments
 from fibers.databus.checkpoint import CheckpointError, Checkpoints
@@ -91,6 +92,26 @@ class DatabusReconciler:
             metrics.CONSUMER_EVENTS.labels(namespace, name).set(new_status.get("eventsProcessed", 0))
         if new_status != body.get("status"):
             await self.kube.replace_status(PLURAL, namespace, name, new_status, body.get("status") or {})
+            self._announce(body, status, new_status)
+
+    def _announce(self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
+        """An Event and a log line when the phase changes (Running, Bootstrapping, Failed, …)."""
+        if before.get("phase") == after.get("phase"):
+            return
+        meta = body["metadata"]
+        ready: dict[str, Any] = conditions.find(after.get("conditions"), READY) or {}
+        failed = after.get("phase") == "Failed"
+        log.log(
+            logging.WARNING if failed else logging.INFO,
+            "phase %s: %s",
+            after.get("phase"),
+            ready.get("message"),
+            extra={"namespace": meta["namespace"], "resource": meta["name"], "reason": ready.get("reason")},
+        )
+        ref = object_ref(deployments.KIND, meta["namespace"], meta["name"], meta["uid"])
+        self.kube.post_event_soon(
+            ref, str(ready.get("reason", after.get("phase"))), str(ready.get("message", "")), warning=failed
+        )
 
     async def _apply(self, manifest: dict[str, Any], current: Any, ctx: dict[str, Any]) -> None:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]

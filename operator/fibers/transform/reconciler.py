@@ -154,9 +154,4 @@ class TransformReconciler:
     def _event(self, view: TransformView, reason: str, message: str, *, warning: bool = False) -> None:
         meta = view.body["metadata"]
         ref = object_ref(KIND, meta["namespace"], meta["name"], meta["uid"])
-        task = asyncio.create_task(self.kube.post_event(ref, reason, message, warning=warning))
-        _background.add(task)
-        task.add_done_callback(_background.discard)
-
-
-_background: set[asyncio.Task[None]] = set()
+        self.kube.post_event_soon(ref, reason, message, warning=warning)
