@@ -97,6 +97,11 @@ class Counting(Callback):
     on_start_bootstrap_sequence = on_start_data_event_sequence
     on_end_bootstrap_sequence = on_end_data_event_sequence
 
+    def on_end_batch(self) -> None:
+        end_batch = getattr(self.inner, "on_end_batch", None)
+        if end_batch is not None:
+            end_batch()
+
 
 def run_runtime(
     info: stack.StackInfo, core: client.CoreV1Api, topic: str, n: int, callback: Counting, **extra: Any
@@ -120,9 +125,10 @@ def run_runtime(
     thread.start()
     callback.done.wait(1800)
     elapsed = time.monotonic() - started
+    writes = runtime.store.writes  # during consumption (the flush at shutdown is not throttled)
     thread.join(60)
     core.delete_namespaced_config_map(f"{name}-checkpoint", "default")
-    return n / elapsed, runtime.store.writes / elapsed
+    return n / elapsed, writes / elapsed
 
 
 def latency(info: stack.StackInfo, core: client.CoreV1Api, samples: int) -> dict[str, float]:

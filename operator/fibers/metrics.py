@@ -28,7 +28,7 @@ CONSUMER_EVENTS = Gauge(
     "fibers_databus_events_processed", "Events dispatched by running instances.", ["namespace", "name"]
 )
 
-_CONNECTOR_STATES = ("RUNNING", "PAUSED", "STOPPED", "FAILED", "UNASSIGNED", "RESTARTING")
+_last_state: dict[tuple[str, str], str] = {}
 
 
 @contextmanager
@@ -46,8 +46,14 @@ def reconciling(kind: str) -> Iterator[None]:
 
 
 def connector_state(namespace: str, name: str, state: str | None, running_tasks: int | None) -> None:
-    for candidate in _CONNECTOR_STATES:
-        CONNECTOR_STATE.labels(namespace, name, candidate).set(1 if candidate == state else 0)
+    """Keep one series per connector: the old state's series goes when the state changes."""
+    key = (namespace, name)
+    previous = _last_state.get(key)
+    if previous and previous != state:
+        CONNECTOR_STATE.remove(namespace, name, previous)
+    if state:
+        CONNECTOR_STATE.labels(namespace, name, state).set(1)
+        _last_state[key] = state
     if running_tasks is not None:
         RUNNING_TASKS.labels(namespace, name).set(running_tasks)
 

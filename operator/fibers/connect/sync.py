@@ -206,7 +206,9 @@ class ConnectSync:
             self._converging.add(cluster)
             return
         gate = asyncio.Semaphore(self.settings.parallel_calls)
-        refresh_budget = [self.settings.topic_refreshes]
+        # While connectors are converging, learn their topics quickly; at rest, only a few per sync.
+        converging = cluster in self._converging
+        refresh_budget = [self.settings.parallel_calls if converging else self.settings.topic_refreshes]
 
         async def one(target: Target) -> bool:
             async with gate:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -41,7 +41,7 @@ class CheckpointStore:
         self.sources, self.instance, self.min_interval = sources, instance, min_interval
         self.labels = dict(labels or {})
         self.pending: dict[str, Checkpoint] = {}
-        self.stats: dict[str, Any] = {}
+        self.stats_source: Callable[[], dict[str, Any]] = dict
         self.last_write = 0.0
         self.writes = 0
 
@@ -67,7 +67,7 @@ class CheckpointStore:
             return False
         updates = {key: cp.to_json() for key, cp in self.pending.items()}
         updates[SOURCES_HASH_KEY] = sources_hash(self.sources)
-        stats = {**self.stats, "lastCheckpointTime": format_time(utcnow())}
+        stats = {**self.stats_source(), "lastCheckpointTime": format_time(utcnow())}
         annotations = {f"{STATS_ANNOTATION}{self.instance}": json.dumps(stats, sort_keys=True)}
         for _ in range(10):
             try:

@@ -84,6 +84,7 @@ class Runtime:
                 "enable.partition.eof": False,
             }
         )
+        self.store.stats_source = self._stats
         self.checkpoints: dict[str, Checkpoint] = {}
         self.events_processed = 0
         self.stopping = False
@@ -109,8 +110,11 @@ class Runtime:
         return int(low)
 
     def _save(self, keys: list[str], force: bool = False) -> None:
-        self.store.stats = {"eventsProcessed": self.events_processed, "mode": self._mode(), "lag": self._lag()}
         self.store.save({k: self.checkpoints[k] for k in keys}, force=force)
+
+    def _stats(self) -> dict[str, Any]:
+        """Figures the operator mirrors into status; computed only when a checkpoint is written."""
+        return {"eventsProcessed": self.events_processed, "mode": self._mode(), "lag": self._lag()}
 
     def _mode(self) -> str:
         modes = {cp.consumption_mode.value for cp in self.checkpoints.values()}
@@ -239,6 +243,7 @@ class Runtime:
         for event in events:
             self._call(self.callback.on_bootstrap_event, event)
         self._call(self.callback.on_end_bootstrap_sequence, scn)
+        self._end_batch()
         self._call(self.callback.on_bootstrap_checkpoint, scn)
         self.events_processed += len(events)
 
@@ -334,28 +339,13 @@ class Runtime:
     def _consume(self, assignments: list[TopicPartition]) -> None:
         self.consumer.assign(assignments)
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
-        window: list[ChangeEvent] = []
+        window: list[ChangeEvent] = []  # the window being read; complete windows go to `ready`
         attempts: dict[tuple[str, int, int], int] = {}
         while not self.stopping:
             messages = self.consumer.consume(num_messages=1000, timeout=0.2)
-            rewound: set[tuple[str, int]] = set()  # timelines sought back: the rest of this batch is stale
+            ready: list[list[ChangeEvent]] = []
             for message in messages:
-                if (message.topic(), message.partition()) in rewound:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._AUTO_OFFSET_RESET or error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=5)
-                    if error.retriable() or error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise ConsumerStopped(f"Kafka error: {error.str()}")
-                event = decode(
-                    str(message.topic()),
-                    int(message.partition() or 0),
-                    int(message.offset() or 0),
-                    message.key(),
-                    message.value(),
-                )
+                event = self._decode(message)
                 if event is None:
                     continue
                 if window and (
@@ -364,41 +354,99 @@ class Runtime:
                     or event.topic != window[0].topic
                     or len(window) >= self.config.max_window_events
                 ):
-                    if not self._dispatch(window, attempts):
-                        rewound.add((window[0].topic, window[0].partition))
-                        window = []
-                        if (event.topic, event.partition) in rewound:
-                            continue
+                    ready.append(window)
                     window = []
                 window.append(event)
             if not messages and window:  # the relay went quiet: the window is complete
-                self._dispatch(window, attempts)
+                ready.append(window)
                 window = []
+            if ready:
+                rewound = self._dispatch(ready, attempts)
+                if window and (window[0].topic, window[0].partition) in rewound:
+                    window = []  # it will be read again from the checkpoint
             if not messages and self.store.pending:
                 self.store.flush()
 
-    def _dispatch(self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int]) -> bool:
-        """Dispatch one window; False when it failed and the timeline was sought back for a replay."""
-        first, last = window[0], window[-1]
-        key = timeline_key(first.topic, first.partition)
-        future = self._pool.submit(self._dispatch_window, window)
+    def _decode(self, message: Any) -> ChangeEvent | None:
+        error = message.error()
+        if error is not None:
+            if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=5)
+            if error.retriable() or error.code() == KafkaError._PARTITION_EOF:
+                return None
+            raise ConsumerStopped(f"Kafka error: {error.str()}")
+        return decode(
+            str(message.topic()),
+            int(message.partition() or 0),
+            int(message.offset() or 0),
+            message.key(),
+            message.value(),
+        )
+
+    def _dispatch(
+        self, windows: list[list[ChangeEvent]], attempts: dict[tuple[str, int, int], int]
+    ) -> set[tuple[str, int]]:
+        """Dispatch complete windows in order, in one hand-off to the callback thread.
+
+        Each window still gets its own callbacks and checkpoint decision; only the checkpoint of the
+        last successful window of each timeline is computed and (throttled) persisted. When a window
+        fails, the timelines with windows not yet dispatched are sought back to their checkpoints
+        and read again: that is the rollback. Returns those timelines.
+        """
+        future = self._pool.submit(self._run_windows, windows)
         try:
-            result = future.result(timeout=self.config.callback_timeout)
+            done, results, error = future.result(timeout=self.config.callback_timeout)
         except concurrent.futures.TimeoutError:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")  # the old one hangs
-            self._rollback(window, attempts, TimeoutError(f"callbacks took over {self.config.callback_timeout}s"))
-            return False
-        except Exception as exc:  # any failure of a window rolls it back
-            self._rollback(window, attempts, exc)
-            return False
-        attempts.pop((first.topic, first.partition, first.offset), None)
-        self.events_processed += len(window)
-        previous = self.checkpoints.get(key, Checkpoint.initial())
-        scn = max(last.scn, previous.window_scn) if not previous.is_flexible else last.scn
-        self.checkpoints[key] = previous.online(scn).with_values({NEXT_OFFSET: last.offset + 1})
-        if result is not Result.SKIP_CHECKPOINT:
-            self._save([key], force=result is Result.CHECKPOINT)
-        return True
+            done, results = 0, []
+            error = TimeoutError(f"callbacks took over {self.config.callback_timeout}s")
+        last: dict[str, ChangeEvent] = {}
+        force = False
+        for window, result in zip(windows[:done], results, strict=True):
+            self.events_processed += len(window)
+            attempts.pop((window[0].topic, window[0].partition, window[0].offset), None)
+            if result is not Result.SKIP_CHECKPOINT:
+                last[timeline_key(window[0].topic, window[0].partition)] = window[-1]
+                force = force or result is Result.CHECKPOINT
+        for key, event in last.items():
+            previous = self.checkpoints.get(key, Checkpoint.initial())
+            scn = event.scn if previous.is_flexible else max(event.scn, previous.window_scn)
+            self.checkpoints[key] = previous.online(scn).with_values({NEXT_OFFSET: event.offset + 1})
+        if last:
+            self._save(list(last), force=force)
+        if error is None:
+            return set()
+        self._rollback(windows[done], attempts, error)
+        rewound: set[tuple[str, int]] = set()
+        for window in windows[done:]:
+            timeline = (window[0].topic, window[0].partition)
+            if timeline not in rewound:
+                rewound.add(timeline)
+                resume = next_offset(self.checkpoints.get(timeline_key(*timeline)))
+                self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else window[0].offset))
+        return rewound
+
+    def _run_windows(self, windows: list[list[ChangeEvent]]) -> tuple[int, list[Result], BaseException | None]:
+        """In the callback thread: (windows that succeeded, their results, the error that stopped it)."""
+        results: list[Result] = []
+        error: BaseException | None = None
+        for window in windows:
+            try:
+                results.append(self._dispatch_window(window))
+            except Exception as exc:  # any failure of a window rolls it back
+                error = exc
+                break
+        if results:
+            try:
+                self._end_batch()  # buffered sinks write the successful windows now
+            except Exception as exc:  # nothing of this batch is known to be applied
+                return 0, [], exc
+        return len(results), results, error
+
+    def _end_batch(self) -> None:
+        end_batch = getattr(self.callback, "on_end_batch", None)
+        if end_batch is not None:
+            end_batch()
 
     def _dispatch_window(self, window: list[ChangeEvent]) -> Result:
         scn = window[-1].scn
@@ -414,6 +462,7 @@ class Runtime:
     def _rollback(
         self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int], exc: BaseException
     ) -> None:
+        """Count the attempt, tell the callback, and pause before the replay (or give up)."""
         first = window[0]
         key = timeline_key(first.topic, first.partition)
         tries = attempts.get((first.topic, first.partition, first.offset), 0) + 1
@@ -428,10 +477,6 @@ class Runtime:
         if tries > self.config.retries:
             raise ConsumerStopped(f"window at SCN {window[-1].scn} of {key} failed {tries} times: {exc}")
         time.sleep(min(self.config.retry_backoff * 2 ** (tries - 1), 60))
-        # Seek back to the last checkpoint: the window is read again from the relay and replayed.
-        resume = next_offset(cp)
-        offset = resume if resume is not None else first.offset
-        self.consumer.seek(TopicPartition(first.topic, first.partition, offset))
 
     def _shutdown(self) -> None:
         try:

@@ -24,10 +24,16 @@ log = logging.getLogger("fibers.databus.sink")
 
 
 class WindowSink(Callback):
-    """Buffers the events of a window; subclasses write them in `flush`."""
+    """Buffers complete windows; subclasses write them in `flush`, once per dispatched batch.
+
+    The runtime hands the callbacks several complete windows at a time and calls `on_end_batch`
+    after the last one succeeded; only then may their checkpoints move. A window that fails is
+    dropped from the buffer (`on_rollback`), and the windows before it are still written.
+    """
 
     def __init__(self) -> None:
         self.window: list[ChangeEvent] = []
+        self.completed: list[ChangeEvent] = []
 
     def on_start_data_event_sequence(self, scn: int) -> Result:
         self.window = []
@@ -38,7 +44,7 @@ class WindowSink(Callback):
         return Result.SUCCESS
 
     def on_end_data_event_sequence(self, scn: int) -> Result:
-        self.flush(self.window)
+        self.completed.extend(self.window)
         self.window = []
         return Result.SUCCESS
 
@@ -49,6 +55,12 @@ class WindowSink(Callback):
     on_start_bootstrap_sequence = on_start_data_event_sequence
     on_end_bootstrap_sequence = on_end_data_event_sequence
     on_bootstrap_rollback = on_rollback
+
+    def on_end_batch(self) -> None:
+        """Write every complete window received since the last batch (raises on failure)."""
+        events, self.completed = self.completed, []
+        if events:
+            self.flush(events)
 
     def flush(self, events: list[ChangeEvent]) -> None:
         raise NotImplementedError
