@@ -163,6 +163,12 @@ def latency(info: stack.StackInfo, core: client.CoreV1Api, samples: int) -> dict
         time.sleep(10)
         pg.execute(f"INSERT INTO {table} VALUES (-1, 'warm-up')")
         topic = f"{table}.public.{table}"
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})
+        deadline = time.monotonic() + 120
+        while topic not in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.5)  # Debezium creates the topic with its first event
         mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
         import os
 

@@ -24,6 +24,15 @@ def collection_suffix(topic: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in topic)
 
 
+BULK_LIMIT = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
+
+
+def bulk_write(collection: Any, operations: list[Any], *, ordered: bool = True) -> None:
+    """bulk_write in chunks small enough for every MongoDB-protocol server we support."""
+    for start in range(0, len(operations), BULK_LIMIT):
+        collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=ordered)
+
+
 def apply_guarded(collection: Any, events: list[ChangeEvent], extra: dict[str, Any] | None = None) -> None:
     """Apply a window's changes, never moving a document back to an older SCN.
 
@@ -50,7 +59,7 @@ def apply_guarded(collection: Any, events: list[ChangeEvent], extra: dict[str, A
             doc.pop("_id", None)
             operations.append(ReplaceOne({"_id": key}, doc, upsert=True))
     if operations:
-        collection.bulk_write(operations, ordered=True)
+        bulk_write(collection, operations)
 
 
 class BootstrapStore:
@@ -88,7 +97,7 @@ class BootstrapStore:
                 )
                 for e in batch
             ]
-            self._log(topic).bulk_write(log_ops, ordered=False)
+            bulk_write(self._log(topic), log_ops)
             for partition in {e.partition for e in batch}:
                 apply_guarded(
                     self._snapshot(topic), [e for e in batch if e.partition == partition], {"_partition": partition}
@@ -97,11 +106,12 @@ class BootstrapStore:
             for e in batch:
                 scn, offset = applied.get(e.partition, (-1, -1))
                 applied[e.partition] = (max(scn, e.scn), max(offset, e.offset))
-            self._applier(topic).bulk_write(
+            bulk_write(
+                self._applier(topic),
                 [
                     UpdateOne({"_id": p}, {"$max": {"scn": scn, "offset": offset}}, upsert=True)
                     for p, (scn, offset) in applied.items()
-                ]
+                ],
             )
 
     # ----- read by bootstrapping consumers --------------------------------------------------------

@@ -51,7 +51,7 @@ MODES = ("batch", "streaming")
 SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
 DEFAULT_TRIGGER_SECONDS = 2.0
 MONGO_TIMEOUT_MS = 15_000
-MONGO_BATCH = 500
+MONGO_BATCH = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
 _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Entrypoint = Callable[[SparkSession, dict[str, DataFrame]], object]
