@@ -42,7 +42,7 @@ class CheckpointStore:
         self.labels = dict(labels or {})
         self.pending: dict[str, Checkpoint] = {}
         self.stats_source: Callable[[], dict[str, Any]] = dict
-        self.last_write = 0.0
+        self.last_write = time.monotonic()  # the first write waits its turn too
         self.writes = 0
 
     def load(self) -> Checkpoints:
