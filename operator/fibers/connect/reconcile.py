@@ -44,6 +44,8 @@ class Target:
     paused: bool = False
     restart_requested: bool = False  # the fibers.dev/restart annotation
     unassigned_since: datetime | None = None
+    topics_due: float = 0.0  # monotonic time before which an empty topic list is not asked again
+    topic_checks: int = 0
 
     @property
     def key(self) -> tuple[str, str]:

@@ -29,6 +29,7 @@ from fibers.kube import Kube, SecretMissing, describe
 from fibers.redact import redact
 
 log = logging.getLogger("fibers.connect")
+TOPICS_RECHECK = 60.0  # seconds before asking Connect again for a connector that reported no topics
 
 # Ready=False reasons worth a Warning event (the others are progress: Creating, Starting, …).
 FAILURE_REASONS = frozenset(
@@ -268,8 +269,12 @@ class ConnectSync:
                 outcome.failed, outcome.error = step, str(exc)
                 break
             outcome.done.append(step)
-        if observed and target.owned and (steps or not target.status.get("topics")) and refresh_budget[0] > 0:
+        unknown_topics = not target.status.get("topics") and time.monotonic() >= target.topics_due
+        if observed and target.owned and (steps or unknown_topics) and refresh_budget[0] > 0:
             refresh_budget[0] -= 1
+            # An empty answer is asked again later, sooner at first: 2 s, 4 s, … up to a minute.
+            target.topic_checks += 1
+            target.topics_due = time.monotonic() + min(2.0**target.topic_checks, TOPICS_RECHECK)
             try:
                 outcome.topics = await client.topics(spec.connector)
             except (ConnectError, ConnectUnreachable):
