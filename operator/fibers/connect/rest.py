@@ -75,13 +75,11 @@ class ConnectClient:
     def __init__(self, url: str, *, timeout: float = 15.0, http: httpx.AsyncClient | None = None) -> None:
         self.url = url.rstrip("/")
         self._http = http or httpx.AsyncClient(timeout=timeout)
-        self.calls = 0  # REST calls made, for metrics and the benchmark
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        self.calls += 1
         metrics.CONNECT_CALLS.labels(redact(self.url, [])).inc()
         try:
             response = await self._http.request(method, f"{self.url}{path}", **kwargs)

@@ -185,17 +185,18 @@ class Runtime:
     def _fell_off(self, topic: str, partitions: list[int]) -> bool:
         for partition in partitions:
             resume = next_offset(self.checkpoints.get(timeline_key(topic, partition)))
-            if resume is not None and resume < self._low_watermark(topic, partition):
+            if resume is None:
+                continue
+            low = self._low_watermark(topic, partition)
+            if resume < low:
                 if not self.config.bootstrap:
                     raise ConsumerStopped(
                         f"RelayFallOff: {topic}/{partition} resumes at offset {resume} but Kafka only keeps "
-                        f"offsets from {self._low_watermark(topic, partition)}; configure a bootstrap store or "
+                        f"offsets from {low}; configure a bootstrap store or "
                         "seek explicitly",
                         code=5,
                     )
-                log.warning(
-                    "fell off the relay", extra={"topic": topic, "partition": partition, "next_offset": next_offset}
-                )
+                log.warning("fell off the relay", extra={"topic": topic, "partition": partition, "next_offset": resume})
                 return True
         return False
 

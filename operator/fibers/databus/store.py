@@ -11,7 +11,6 @@ collections hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from pymongo import ASCENDING, DeleteOne, ReplaceOne, UpdateOne
@@ -136,9 +135,3 @@ class BootstrapStore:
         if after_id is not None:
             query["_id"] = {"$gt": after_id}
         return list(self._log(topic).find(query).sort("_id", ASCENDING).limit(batch))
-
-    def iter_snapshot(self, topic: str, partitions: list[int], batch: int = 500) -> Iterator[dict[str, Any]]:
-        after: str | None = None
-        while rows := self.snapshot_rows(topic, partitions, after, batch):
-            yield from rows
-            after = rows[-1]["_id"]
