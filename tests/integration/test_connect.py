@@ -38,7 +38,12 @@ def source_file(tmp_path: Path) -> Path:
 
 
 def live_config(connect_http: httpx.Client, connector: str) -> dict[str, str]:
-    response = connect_http.get(f"/connectors/{connector}/config")
+    """The connector's live config; a worker busy rebalancing answers 409/5xx for a moment, so ask again."""
+    response = wait_for(
+        lambda: (r := connect_http.get(f"/connectors/{connector}/config")).status_code not in (409, 500, 503) and r,
+        timeout=30,
+        what=f"a config answer for {connector}",
+    )
     response.raise_for_status()
     return dict(response.json())
 
