@@ -9,23 +9,30 @@ records (no Debezium envelope) the SCN is the Kafka offset and each record is it
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 
-@dataclass(frozen=True)
+_HUGE_INT = re.compile(rb"\d{20}")
+
+
+@dataclass(slots=True)
 class ChangeEvent:
+    """One change, as callbacks receive it. Slotted and built once per record: this is the hot path."""
+
     topic: str
     partition: int
     offset: int
     key: str  # the row key, as a string (the record key, or the primary-key columns)
     op: str  # c (create), u (update), d (delete), r (snapshot read)
     scn: int
-    window: str  # events with the same window id belong to one source transaction
+    window: str | int  # events with the same window id are one source transaction; else the offset
     after: dict[str, Any] | None = None
     before: dict[str, Any] | None = None
     ts_ms: int = 0
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # the decoded record value
 
     @property
     def document(self) -> dict[str, Any] | None:
@@ -37,12 +44,27 @@ class MalformedEvent(ValueError):
     pass
 
 
+def parse_json(data: bytes) -> Any:
+    """json.loads, about four times faster: orjson, falling back to the standard parser where
+    orjson differs — integers beyond 64 bits (orjson turns them into floats) and NaN/Infinity."""
+    if _HUGE_INT.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
+
+
 def _key_text(key: bytes | None, row: dict[str, Any] | None) -> str:
     if key:
+        if key.isdigit():  # the common plain numeric key; json.loads would give the same text, slower
+            return key.decode()
         try:
-            decoded = json.loads(key)
+            decoded = parse_json(key)
         except ValueError:
             return key.decode(errors="replace")
+        if type(decoded) is dict and len(decoded) == 2 and "schema" in decoded and "payload" in decoded:
+            decoded = decoded["payload"]  # a key written with schemas.enable=true
         if isinstance(decoded, dict):
             return (
                 json.dumps(decoded, sort_keys=True, separators=(",", ":"))
@@ -56,43 +78,51 @@ def _key_text(key: bytes | None, row: dict[str, Any] | None) -> str:
 
 
 def decode(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> ChangeEvent | None:
-    """A ChangeEvent, or None for a tombstone (Kafka's null value after a delete, which carries nothing)."""
+    """A ChangeEvent, or None for a tombstone (Kafka's null value after a delete, which carries nothing).
+
+    Called for every record the consumer reads, so it is written for speed: one JSON parse, no
+    helper calls on the common paths.
+    """
     if value is None:
         return None
     try:
-        payload = json.loads(value)
+        payload = parse_json(value)
     except ValueError as exc:
         raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not JSON: {exc}") from None
-    if isinstance(payload, dict) and "payload" in payload and "schema" in payload:
+    if type(payload) is dict and len(payload) == 2 and "schema" in payload and "payload" in payload:
         payload = payload["payload"]  # JsonConverter with schemas.enable=true
-    if isinstance(payload, dict) and "op" in payload and "source" in payload:
-        source = payload.get("source") or {}
-        tx = payload.get("transaction") or {}
-        lsn = source.get("lsn")
-        scn = int(lsn) if lsn is not None else offset
-        row = payload.get("after") or payload.get("before")
-        return ChangeEvent(
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            key=_key_text(key, row),
-            op=payload["op"],
-            scn=scn,
-            window=str(tx.get("id") or source.get("txId") or f"offset:{offset}"),
-            after=payload.get("after"),
-            before=payload.get("before"),
-            ts_ms=int(payload.get("ts_ms") or 0),
-            raw=payload,
-        )
-    row = payload if isinstance(payload, dict) else {"value": payload}
+    return decode_payload(topic, partition, offset, key, payload)
+
+
+def decode_payload(topic: str, partition: int, offset: int, key: bytes | None, payload: Any) -> ChangeEvent | None:
+    """decode() for a value already parsed (and unwrapped from its schema envelope)."""
+    if type(payload) is dict:
+        if "op" in payload and "source" in payload:
+            return _debezium(topic, partition, offset, key, payload)
+        row = payload
+    elif payload is None:
+        return None
+    else:
+        row = {"value": payload}
+    text = key.decode() if key and key.isdigit() else _key_text(key, row)
+    return ChangeEvent(topic, partition, offset, text, "u", offset, offset, row, None, 0, row)
+
+
+def _debezium(topic: str, partition: int, offset: int, key: bytes | None, payload: dict[str, Any]) -> ChangeEvent:
+    source = payload.get("source") or {}
+    tx = payload.get("transaction") or {}
+    lsn = source.get("lsn")
+    after, before = payload.get("after"), payload.get("before")
     return ChangeEvent(
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        key=_key_text(key, row),
-        op="u",
-        scn=offset,
-        window=f"offset:{offset}",
-        after=row,
-        raw=row,
+        topic,
+        partition,
+        offset,
+        _key_text(key, after or before),
+        payload["op"],
+        int(lsn) if lsn is not None else offset,
+        str(tx.get("id") or source.get("txId") or "") or offset,
+        after,
+        before,
+        int(payload.get("ts_ms") or 0),
+        payload,
     )

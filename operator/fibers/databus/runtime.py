@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
@@ -30,7 +31,7 @@ from kubernetes import client
 from pymongo import MongoClient
 
 from fibers.databus import sinks
-from fibers.databus.callbacks import Callback, Result
+from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
@@ -57,8 +58,28 @@ class ConsumerStopped(Exception):
         self.code = code
 
 
-class WindowFailed(Exception):
-    pass
+@dataclass(slots=True)
+class BatchOutcome:
+    """What the callback thread did with a batch of windows."""
+
+    windows: int = 0  # windows dispatched successfully, in order
+    events: int = 0
+    last: dict[tuple[str, int], ChangeEvent] = field(default_factory=dict)  # per timeline, to checkpoint at
+    force: bool = False  # a callback asked for CHECKPOINT: write now, ignoring the throttle
+    error: BaseException | None = None  # what stopped the batch (the window after `windows`)
+
+    @classmethod
+    def of(
+        cls, done: list[list[ChangeEvent]], results: list[Result], error: BaseException | None, timelines: int
+    ) -> BatchOutcome:
+        """Summarise dispatched windows; walks back from the end only until every timeline has its last window."""
+        last: dict[tuple[str, int], ChangeEvent] = {}
+        for window, result in zip(reversed(done), reversed(results), strict=True):
+            if result is not Result.SKIP_CHECKPOINT:
+                last.setdefault((window[0].topic, window[0].partition), window[-1])
+                if len(last) >= timelines:
+                    break
+        return cls(len(done), sum(map(len, done)), last, Result.CHECKPOINT in results, error)
 
 
 class Runtime:
@@ -89,6 +110,8 @@ class Runtime:
         self.events_processed = 0
         self.stopping = False
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")
+        self._dispatch_window = window_dispatcher(self.callback)
+        self._timelines = 1  # how many timelines this instance consumes; set when they are assigned
 
     # ----- plumbing ------------------------------------------------------------------------------
 
@@ -339,50 +362,46 @@ class Runtime:
 
     def _consume(self, assignments: list[TopicPartition]) -> None:
         self.consumer.assign(assignments)
+        self._timelines = len(assignments)
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
         window: list[ChangeEvent] = []  # the window being read; complete windows go to `ready`
+        window_id: object = None  # (window id, partition, topic) of `window`
         attempts: dict[tuple[str, int, int], int] = {}
+        max_events = self.config.max_window_events
         while not self.stopping:
-            messages = self.consumer.consume(num_messages=1000, timeout=0.2)
+            # Any: a consumed record always has topic, partition and offset (the stubs say Optional).
+            messages: list[Any] = self.consumer.consume(num_messages=1000, timeout=0.2)
             ready: list[list[ChangeEvent]] = []
-            for message in messages:
-                event = self._decode(message)
+            for message in messages:  # the hot loop: keep it lean
+                if (error := message.error()) is not None:
+                    self._relay_error(error)
+                    continue
+                event = decode(message.topic(), message.partition(), message.offset(), message.key(), message.value())
                 if event is None:
                     continue
-                if window and (
-                    event.window != window[0].window
-                    or event.partition != window[0].partition
-                    or event.topic != window[0].topic
-                    or len(window) >= self.config.max_window_events
-                ):
-                    ready.append(window)
-                    window = []
-                window.append(event)
+                if (event.window, event.partition, event.topic) != window_id or len(window) >= max_events:
+                    if window:
+                        ready.append(window)
+                    window = [event]
+                    window_id = (event.window, event.partition, event.topic)
+                else:
+                    window.append(event)
             if not messages and window:  # the relay went quiet: the window is complete
                 ready.append(window)
-                window = []
+                window, window_id = [], None
             if ready:
                 rewound = self._dispatch(ready, attempts)
                 if window and (window[0].topic, window[0].partition) in rewound:
-                    window = []  # it will be read again from the checkpoint
+                    window, window_id = [], None  # it will be read again from the checkpoint
             if not messages and self.store.pending:
                 self.store.flush()
 
-    def _decode(self, message: Any) -> ChangeEvent | None:
-        error = message.error()
-        if error is not None:
-            if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=5)
-            if error.retriable() or error.code() == KafkaError._PARTITION_EOF:
-                return None
+    @staticmethod
+    def _relay_error(error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=5)
+        if not (error.retriable() or error.code() == KafkaError._PARTITION_EOF):
             raise ConsumerStopped(f"Kafka error: {error.str()}")
-        return decode(
-            str(message.topic()),
-            int(message.partition() or 0),
-            int(message.offset() or 0),
-            message.key(),
-            message.value(),
-        )
 
     def _dispatch(
         self, windows: list[list[ChangeEvent]], attempts: dict[tuple[str, int, int], int]
@@ -396,28 +415,25 @@ class Runtime:
         """
         future = self._pool.submit(self._run_windows, windows)
         try:
-            done, results, error = future.result(timeout=self.config.callback_timeout)
+            outcome = future.result(timeout=self.config.callback_timeout)
         except concurrent.futures.TimeoutError:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")  # the old one hangs
-            done, results = 0, []
-            error = TimeoutError(f"callbacks took over {self.config.callback_timeout}s")
-        last: dict[str, ChangeEvent] = {}
-        force = False
-        for window, result in zip(windows[:done], results, strict=True):
-            self.events_processed += len(window)
-            attempts.pop((window[0].topic, window[0].partition, window[0].offset), None)
-            if result is not Result.SKIP_CHECKPOINT:
-                last[timeline_key(window[0].topic, window[0].partition)] = window[-1]
-                force = force or result is Result.CHECKPOINT
-        for key, event in last.items():
+            outcome = BatchOutcome(error=TimeoutError(f"callbacks took over {self.config.callback_timeout}s"))
+        done = outcome.windows
+        self.events_processed += outcome.events
+        if attempts:
+            for window in windows[:done]:
+                attempts.pop((window[0].topic, window[0].partition, window[0].offset), None)
+        for (topic, partition), event in outcome.last.items():
+            key = timeline_key(topic, partition)
             previous = self.checkpoints.get(key, Checkpoint.initial())
             scn = event.scn if previous.is_flexible else max(event.scn, previous.window_scn)
             self.checkpoints[key] = previous.online(scn).with_values({NEXT_OFFSET: event.offset + 1})
-        if last:
-            self._save(list(last), force=force)
-        if error is None:
+        if outcome.last:
+            self._save([timeline_key(*timeline) for timeline in outcome.last], force=outcome.force)
+        if outcome.error is None:
             return set()
-        self._rollback(windows[done], attempts, error)
+        self._rollback(windows[done], attempts, outcome.error)
         rewound: set[tuple[str, int]] = set()
         for window in windows[done:]:
             timeline = (window[0].topic, window[0].partition)
@@ -427,13 +443,14 @@ class Runtime:
                 self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else window[0].offset))
         return rewound
 
-    def _run_windows(self, windows: list[list[ChangeEvent]]) -> tuple[int, list[Result], BaseException | None]:
-        """In the callback thread: (windows that succeeded, their results, the error that stopped it)."""
+    def _run_windows(self, windows: list[list[ChangeEvent]]) -> BatchOutcome:
+        """In the callback thread: dispatch windows until one fails; then let buffered sinks write."""
         results: list[Result] = []
         error: BaseException | None = None
+        dispatch = self._dispatch_window
         for window in windows:
             try:
-                results.append(self._dispatch_window(window))
+                results.append(dispatch(window))
             except Exception as exc:  # any failure of a window rolls it back
                 error = exc
                 break
@@ -441,24 +458,13 @@ class Runtime:
             try:
                 self._end_batch()  # buffered sinks write the successful windows now
             except Exception as exc:  # nothing of this batch is known to be applied
-                return 0, [], exc
-        return len(results), results, error
+                return BatchOutcome(error=exc)
+        return BatchOutcome.of(windows[: len(results)], results, error, self._timelines)
 
     def _end_batch(self) -> None:
         end_batch = getattr(self.callback, "on_end_batch", None)
         if end_batch is not None:
             end_batch()
-
-    def _dispatch_window(self, window: list[ChangeEvent]) -> Result:
-        scn = window[-1].scn
-        source = window[0].topic
-        self._call(self.callback.on_start_data_event_sequence, scn)
-        self._call(self.callback.on_start_source, source)
-        for event in window:
-            self._call(self.callback.on_data_event, event)
-        self._call(self.callback.on_end_source, source)
-        self._call(self.callback.on_end_data_event_sequence, scn)
-        return self._call(self.callback.on_checkpoint, scn)
 
     def _rollback(
         self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int], exc: BaseException

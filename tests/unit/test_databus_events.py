@@ -1,0 +1,150 @@
+"""Decoding Kafka records into change events, and the window call order (pure, no servers)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
+from fibers.databus.events import ChangeEvent, MalformedEvent, decode, parse_json
+
+
+def debezium(op: str, after: dict[str, Any] | None, before: dict[str, Any] | None = None, **extra: Any) -> bytes:
+    envelope = {
+        "op": op,
+        "after": after,
+        "before": before,
+        "source": {"lsn": 2400, "txId": 77},
+        "ts_ms": 5,
+        **extra,
+    }
+    return json.dumps(envelope).encode()
+
+
+def test_parse_json_keeps_what_the_standard_parser_gives() -> None:
+    huge = b'{"n": 123456789012345678901234567890}'
+    assert parse_json(huge)["n"] == 123456789012345678901234567890  # not a float
+    assert parse_json(b'{"x": NaN}')["x"] != parse_json(b'{"x": NaN}')["x"]  # NaN, as json.loads reads it
+    assert parse_json(b'{"a": [1, 2.5, "s", null, true]}') == {"a": [1, 2.5, "s", None, True]}
+    with pytest.raises(ValueError):
+        parse_json(b"{not json")
+
+
+def test_a_plain_record_is_its_own_window_with_the_offset_as_scn() -> None:
+    event = decode("t", 0, 41, b"7", b'{"id": 7, "v": "x"}')
+    assert event is not None
+    assert (event.key, event.op, event.scn, event.window) == ("7", "u", 41, 41)
+    assert event.document == {"id": 7, "v": "x"}
+
+
+def test_keys_in_every_shape_give_the_same_text() -> None:
+    value = b'{"id": 7}'
+    shapes = [b"7", b'{"id": 7}', b'{"schema": {"type": "struct"}, "payload": {"id": 7}}', None]
+    assert {decode("t", 0, 1, key, value).key for key in shapes} == {"7"}  # type: ignore[union-attr]
+    assert decode("t", 0, 1, b"007", value).key == "007"  # type: ignore[union-attr]
+    assert decode("t", 0, 1, b"not json", value).key == "not json"  # type: ignore[union-attr]
+    composite = decode("t", 0, 1, b'{"b": 2, "a": 1}', value)
+    assert composite is not None and composite.key == '{"a":1,"b":2}'
+
+
+def test_a_debezium_event_carries_lsn_transaction_and_images() -> None:
+    value = debezium("u", {"id": 1, "v": "new"}, {"id": 1, "v": "old"}, transaction={"id": "77:2400"})
+    event = decode("t", 2, 9, b'{"id": 1}', value)
+    assert event is not None
+    assert (event.op, event.scn, event.window, event.partition, event.ts_ms) == ("u", 2400, "77:2400", 2, 5)
+    assert event.before == {"id": 1, "v": "old"} and event.document == {"id": 1, "v": "new"}
+
+
+def test_a_debezium_delete_has_no_document_and_is_keyed_by_its_before_image() -> None:
+    event = decode("t", 0, 3, None, debezium("d", None, {"id": 4}))
+    assert event is not None and event.key == "4" and event.document is None
+    assert event.window == "77"  # no transaction metadata: the source transaction id
+
+
+def test_schema_wrapped_values_are_unwrapped() -> None:
+    inner = json.loads(debezium("c", {"id": 1}))
+    event = decode("t", 0, 3, b"1", json.dumps({"schema": {}, "payload": inner}).encode())
+    assert event is not None and event.op == "c" and event.scn == 2400
+
+
+def test_tombstones_are_skipped_and_garbage_is_an_error() -> None:
+    assert decode("t", 0, 1, b"1", None) is None
+    with pytest.raises(MalformedEvent, match="t/0@1"):
+        decode("t", 0, 1, b"1", b"\x00garbage")
+    with pytest.raises(MalformedEvent, match="neither a key nor an id"):
+        decode("t", 0, 1, None, b'{"v": 1}')
+
+
+class Recorder(Callback):
+    def __init__(self, fail: str = "") -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def _record(self, name: str) -> Result:
+        self.calls.append(name)
+        return Result.ERROR if name == self.fail else Result.SUCCESS
+
+    def on_start_data_event_sequence(self, scn: int) -> Result:
+        return self._record(f"start_seq:{scn}")
+
+    def on_start_source(self, source: str) -> Result:
+        return self._record(f"start_source:{source}")
+
+    def on_data_event(self, event: ChangeEvent) -> Result:
+        return self._record(f"event:{event.offset}")
+
+    def on_end_source(self, source: str) -> Result:
+        return self._record(f"end_source:{source}")
+
+    def on_end_data_event_sequence(self, scn: int) -> Result:
+        return self._record(f"end_seq:{scn}")
+
+    def on_checkpoint(self, scn: int) -> Result:
+        self.calls.append(f"checkpoint:{scn}")
+        return Result.CHECKPOINT
+
+
+def window(*offsets: int) -> list[ChangeEvent]:
+    return [ChangeEvent("t", 0, o, str(o), "u", 100 + o, "w") for o in offsets]
+
+
+def test_a_window_is_dispatched_in_the_databus_call_order() -> None:
+    recorder = Recorder()
+    assert window_dispatcher(recorder)(window(1, 2)) is Result.CHECKPOINT
+    assert recorder.calls == [
+        "start_seq:102",
+        "start_source:t",
+        "event:1",
+        "event:2",
+        "end_source:t",
+        "end_seq:102",
+        "checkpoint:102",
+    ]
+
+
+@pytest.mark.parametrize("fail", ["start_seq:102", "event:1", "end_seq:102"])
+def test_an_error_result_fails_the_window_and_stops_its_calls(fail: str) -> None:
+    recorder = Recorder(fail)
+    with pytest.raises(WindowFailed, match="returned ERROR"):
+        window_dispatcher(recorder)(window(1, 2))
+    assert recorder.calls[-1] == fail
+
+
+def test_a_consumer_implementing_only_some_callbacks_gets_those_and_its_result_counts() -> None:
+    class EventsAndCheckpoint(Callback):
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def on_data_event(self, event: ChangeEvent) -> Result:
+            self.seen.append(event.offset)
+            return Result.SUCCESS
+
+        def on_checkpoint(self, scn: int) -> Result:
+            return Result.SKIP_CHECKPOINT
+
+    sink = EventsAndCheckpoint()
+    assert window_dispatcher(sink)(window(4, 5)) is Result.SKIP_CHECKPOINT
+    assert sink.seen == [4, 5]
+    assert window_dispatcher(Callback())(window(1)) is Result.SUCCESS
