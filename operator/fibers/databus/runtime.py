@@ -276,7 +276,7 @@ class Runtime:
     ) -> Checkpoint:
         last = cp.get(SNAPSHOT_LAST_KEY)
         delivered = max(cp.snapshot_offset, 0)
-        while rows := store.snapshot_rows(topic, partitions, last if isinstance(last, str) else None, 500):
+        for rows in store.snapshot_pages(topic, partitions, last if isinstance(last, str) else None, 500):
             events = [
                 ChangeEvent(
                     topic=topic,
@@ -312,7 +312,7 @@ class Runtime:
             self._set(keys, cp, force=True)
         after = cp.get(CATCHUP_LAST_ID)
         rows_done = 0
-        while rows := store.log_rows(
+        for rows in store.log_pages(
             topic,
             partitions,
             cp.bootstrap_start_scn,

@@ -18,7 +18,7 @@ from pymongo import MongoClient
 from fibers.databus import callbacks
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.events import ChangeEvent
-from fibers.databus.store import BootstrapStore, apply_guarded
+from fibers.databus.store import BootstrapStore, GuardedCollection
 
 log = logging.getLogger("fibers.databus.sink")
 
@@ -79,10 +79,10 @@ class MongoSink(WindowSink):
     def __init__(self, uri_env: str, database: str, collection: str) -> None:
         super().__init__()
         self.client = _mongo(uri_env)
-        self.collection = self.client[database][collection]
+        self.collection = GuardedCollection(self.client[database][collection])
 
     def flush(self, events: list[ChangeEvent]) -> None:
-        apply_guarded(self.collection, events)
+        self.collection.apply(events)
 
     def close(self) -> None:
         self.client.close()

@@ -11,10 +11,12 @@ collections hold.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from pymongo import ASCENDING, DeleteOne, ReplaceOne, UpdateOne
 from pymongo.database import Database
+from pymongo.errors import CursorNotFound
 
 from fibers.databus.events import ChangeEvent
 
@@ -32,38 +34,80 @@ def bulk_write(collection: Any, operations: list[Any], *, ordered: bool = True) 
         collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=ordered)
 
 
-def apply_guarded(collection: Any, events: list[ChangeEvent], extra: dict[str, Any] | None = None) -> None:
-    """Apply a window's changes, never moving a document back to an older SCN.
+class GuardedCollection:
+    """A collection written in SCN order per key: a change older than the stored one is skipped.
 
-    The stored SCNs of the window's keys are read first, then one ordered bulk write replaces or
-    deletes only the keys whose change is newer. That is safe because one consumer instance owns
-    each key's partition exclusively; it avoids relying on duplicate-key errors from conditional
-    upserts, which FerretDB reports in a form the driver cannot merge.
+    The stored SCN of each key is remembered after every write (deletes included, so a replayed
+    older insert cannot bring a deleted row back). Only keys not remembered are read, one
+    equality query each: FerretDB pushes `_id == x` down to SQLite but scans the whole
+    collection for `_id $in [...]`. Remembering is safe because one consumer instance owns each
+    key's partition exclusively; a new owner starts with an empty memory and reads.
     """
-    latest: dict[str, ChangeEvent] = {}
-    for event in events:
-        latest[event.key] = event  # events of one key arrive in SCN order; the last one wins
-    if not latest:
-        return
-    stored = {d["_id"]: int(d.get("_scn", -1)) for d in collection.find({"_id": {"$in": list(latest)}}, {"_scn": 1})}
-    operations: list[Any] = []
-    for key, event in latest.items():
-        if key in stored and stored[key] >= event.scn:
-            continue  # already applied (a replay), or a newer copy is stored
-        if event.document is None:
-            if key in stored:
+
+    def __init__(self, collection: Any, extra: dict[str, Any] | None = None, remember: int = 200_000) -> None:
+        self.collection, self.extra, self.remember = collection, extra or {}, remember
+        self.scns: dict[str, int] = {}  # key → SCN stored (or deleted) last
+
+    def _stored(self, key: str) -> int:
+        if key not in self.scns:
+            found = self.collection.find_one({"_id": key}, {"_scn": 1})
+            self.scns[key] = int(found.get("_scn", -1)) if found else -1
+        return self.scns[key]
+
+    def apply(self, events: list[ChangeEvent]) -> None:
+        latest: dict[str, ChangeEvent] = {}
+        for event in events:
+            latest[event.key] = event  # events of one key arrive in SCN order; the last one wins
+        if len(self.scns) + len(latest) > self.remember:
+            self.scns.clear()  # bounded memory; forgotten keys are read again
+        operations: list[Any] = []
+        applied: list[ChangeEvent] = []
+        for key, event in latest.items():
+            if self._stored(key) >= event.scn:
+                continue  # already applied (a replay), or a newer change is stored
+            if event.document is None:
                 operations.append(DeleteOne({"_id": key}))
-        else:
-            doc = {**event.document, **(extra or {}), "_scn": event.scn}
-            doc.pop("_id", None)
-            operations.append(ReplaceOne({"_id": key}, doc, upsert=True))
-    if operations:
-        bulk_write(collection, operations)
+            else:
+                doc = {**event.document, **self.extra, "_scn": event.scn}
+                doc.pop("_id", None)
+                operations.append(ReplaceOne({"_id": key}, doc, upsert=True))
+            applied.append(event)
+        for start in range(0, len(operations), BULK_LIMIT):
+            self.collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=True)
+            for event in applied[start : start + BULK_LIMIT]:
+                self.scns[event.key] = event.scn
+
+
+def pages(collection: Any, query: dict[str, Any], after: str | None, size: int) -> Iterator[list[dict[str, Any]]]:
+    """Matching documents in _id order, `size` at a time, after the _id `after`.
+
+    One cursor serves every page: FerretDB cannot push `_id > x` down to SQLite, so a query per
+    page would scan the whole collection each time. A cursor the server dropped is reopened
+    after the last page handed out.
+    """
+    while True:
+        cursor = collection.find({**query, **({"_id": {"$gt": after}} if after is not None else {})})
+        cursor = cursor.sort("_id", ASCENDING).batch_size(max(size, 100))
+        page: list[dict[str, Any]] = []
+        try:
+            for doc in cursor:
+                page.append(doc)
+                if len(page) == size:
+                    yield page
+                    after, page = str(page[-1]["_id"]), []
+        except CursorNotFound:
+            continue
+        finally:
+            cursor.close()
+        if page:
+            yield page
+        return
 
 
 class BootstrapStore:
     def __init__(self, db: Database[dict[str, Any]]) -> None:
         self.db = db
+        self._snapshots: dict[tuple[str, int], GuardedCollection] = {}
 
     def _snapshot(self, topic: str) -> Any:
         return self.db[f"snapshot_{collection_suffix(topic)}"]
@@ -98,9 +142,11 @@ class BootstrapStore:
             ]
             bulk_write(self._log(topic), log_ops)
             for partition in {e.partition for e in batch}:
-                apply_guarded(
-                    self._snapshot(topic), [e for e in batch if e.partition == partition], {"_partition": partition}
-                )
+                if (topic, partition) not in self._snapshots:
+                    self._snapshots[topic, partition] = GuardedCollection(
+                        self._snapshot(topic), {"_partition": partition}
+                    )
+                self._snapshots[topic, partition].apply([e for e in batch if e.partition == partition])
             applied: dict[int, tuple[int, int]] = {}
             for e in batch:
                 scn, offset = applied.get(e.partition, (-1, -1))
@@ -120,18 +166,15 @@ class BootstrapStore:
         found = self._applier(topic).find({"_id": {"$in": partitions}})
         return {int(d["_id"]): (int(d["scn"]), int(d["offset"])) for d in found}
 
-    def snapshot_rows(
-        self, topic: str, partitions: list[int], after_key: str | None, batch: int
-    ) -> list[dict[str, Any]]:
-        query: dict[str, Any] = {"_partition": {"$in": partitions}}
-        if after_key is not None:
-            query["_id"] = {"$gt": after_key}
-        return list(self._snapshot(topic).find(query).sort("_id", ASCENDING).limit(batch))
+    def snapshot_pages(
+        self, topic: str, partitions: list[int], after_key: str | None, size: int
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The snapshot rows of these partitions in key order, after `after_key` (where a bootstrap resumes)."""
+        return pages(self._snapshot(topic), {"_partition": {"$in": partitions}}, after_key, size)
 
-    def log_rows(
-        self, topic: str, partitions: list[int], start_scn: int, target_scn: int, after_id: str | None, batch: int
-    ) -> list[dict[str, Any]]:
-        query: dict[str, Any] = {"partition": {"$in": partitions}, "scn": {"$gt": start_scn, "$lte": target_scn}}
-        if after_id is not None:
-            query["_id"] = {"$gt": after_id}
-        return list(self._log(topic).find(query).sort("_id", ASCENDING).limit(batch))
+    def log_pages(
+        self, topic: str, partitions: list[int], start_scn: int, target_scn: int, after_id: str | None, size: int
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The logged changes with start_scn < SCN <= target_scn, in partition/offset order, after `after_id`."""
+        query = {"partition": {"$in": partitions}, "scn": {"$gt": start_scn, "$lte": target_scn}}
+        return pages(self._log(topic), query, after_id, size)

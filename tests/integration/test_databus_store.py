@@ -1,0 +1,52 @@
+"""The MongoDB writers of the Databus sinks against the real MongoDB-protocol server (FerretDB)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from fibers.databus.events import ChangeEvent
+from fibers.databus.store import GuardedCollection, pages
+
+pytestmark = pytest.mark.databus
+
+
+def change(key: str, scn: int, op: str = "u", **row: Any) -> ChangeEvent:
+    return ChangeEvent("t", 0, scn, key, op, scn, scn, None if op == "d" else {"id": key, **row})
+
+
+def test_a_replay_never_moves_a_document_back(mongo: MongoClient[dict[str, Any]], unique: str) -> None:
+    collection = mongo["guarded"][unique]
+    writer = GuardedCollection(collection)
+    writer.apply([change("a", 10, v=1), change("b", 11, v=1), change("a", 12, v=2)])
+    writer.apply([change("b", 13, "d")])
+    assert {d["_id"]: (d["v"], d["_scn"]) for d in collection.find()} == {"a": (2, 12)}
+
+    writer.apply([change("a", 10, v=1), change("b", 11, v=1)])  # older changes delivered again: skipped,
+    assert {d["_id"]: (d["v"], d["_scn"]) for d in collection.find()} == {"a": (2, 12)}  # b stays deleted
+    # A new owner remembers nothing and reads what is stored; its replay runs up to the delete again.
+    GuardedCollection(collection).apply([change("a", 10, v=1), change("b", 11, v=1), change("b", 13, "d")])
+    assert {d["_id"]: (d["v"], d["_scn"]) for d in collection.find()} == {"a": (2, 12)}
+
+    writer.apply([change("b", 20, v=3)])  # a newer change of a deleted key is applied
+    assert collection.find_one({"_id": "b"}) == {"_id": "b", "id": "b", "v": 3, "_scn": 20}
+
+
+def test_more_changes_than_one_bulk_write_are_all_applied(mongo: MongoClient[dict[str, Any]], unique: str) -> None:
+    collection = mongo["guarded"][unique]
+    GuardedCollection(collection, {"_partition": 0}).apply([change(f"k{i:03d}", i + 1, v=i) for i in range(180)])
+    assert collection.count_documents({"_partition": 0}) == 180
+
+
+def test_pages_walk_a_collection_in_id_order_and_resume_after_a_key(
+    mongo: MongoClient[dict[str, Any]], unique: str
+) -> None:
+    collection = mongo["paged"][unique]
+    collection.insert_many([{"_id": f"{i:04d}", "p": i % 2} for i in range(230)])
+    walked = [[d["_id"] for d in page] for page in pages(collection, {"p": 0}, None, 50)]
+    assert [len(page) for page in walked] == [50, 50, 15]
+    assert [key for page in walked for key in page] == [f"{i:04d}" for i in range(0, 230, 2)]
+    resumed = [d["_id"] for page in pages(collection, {"p": 0}, "0100", 50) for d in page]
+    assert resumed == [f"{i:04d}" for i in range(102, 230, 2)]
