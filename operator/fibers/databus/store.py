@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pymongo import ASCENDING, DeleteOne, ReplaceOne, UpdateOne
+from pymongo import ASCENDING, DeleteOne, InsertOne, ReplaceOne, UpdateOne
 from pymongo.database import Database
 from pymongo.errors import CursorNotFound
 
@@ -37,45 +37,57 @@ def bulk_write(collection: Any, operations: list[Any], *, ordered: bool = True) 
 class GuardedCollection:
     """A collection written in SCN order per key: a change older than the stored one is skipped.
 
-    The stored SCN of each key is remembered after every write (deletes included, so a replayed
-    older insert cannot bring a deleted row back). Only keys not remembered are read, one
-    equality query each: FerretDB pushes `_id == x` down to SQLite but scans the whole
-    collection for `_id $in [...]`. Remembering is safe because one consumer instance owns each
-    key's partition exclusively; a new owner starts with an empty memory and reads.
+    What each key holds (its SCN, and whether a document exists) is remembered after every write,
+    deletes included, so a replayed older insert cannot bring a deleted row back. Only keys not
+    remembered are read, one equality query each. Both choices are for FerretDB on SQLite, which
+    answers `_id == x` from its index but scans the whole collection for `_id $in [...]` and for
+    every update or delete: knowing that a key is absent turns its write into a plain insert.
+    Remembering is safe because one consumer instance owns each key's partition exclusively; a
+    new owner starts with an empty memory and reads.
     """
 
     def __init__(self, collection: Any, extra: dict[str, Any] | None = None, remember: int = 200_000) -> None:
         self.collection, self.extra, self.remember = collection, extra or {}, remember
-        self.scns: dict[str, int] = {}  # key → SCN stored (or deleted) last
+        self.known: dict[str, tuple[int, bool]] = {}  # key → (SCN stored or deleted last, document exists)
 
-    def _stored(self, key: str) -> int:
-        if key not in self.scns:
+    def _stored(self, key: str) -> tuple[int, bool]:
+        if key not in self.known:
             found = self.collection.find_one({"_id": key}, {"_scn": 1})
-            self.scns[key] = int(found.get("_scn", -1)) if found else -1
-        return self.scns[key]
+            self.known[key] = (int(found.get("_scn", -1)), True) if found else (-1, False)
+        return self.known[key]
 
     def apply(self, events: list[ChangeEvent]) -> None:
         latest: dict[str, ChangeEvent] = {}
         for event in events:
             latest[event.key] = event  # events of one key arrive in SCN order; the last one wins
-        if len(self.scns) + len(latest) > self.remember:
-            self.scns.clear()  # bounded memory; forgotten keys are read again
+        if len(self.known) + len(latest) > self.remember:
+            self.known.clear()  # bounded memory; forgotten keys are read again
         operations: list[Any] = []
         applied: list[ChangeEvent] = []
         for key, event in latest.items():
-            if self._stored(key) >= event.scn:
+            scn, exists = self._stored(key)
+            if scn >= event.scn:
                 continue  # already applied (a replay), or a newer change is stored
             if event.document is None:
+                if not exists:
+                    self.known[key] = (event.scn, False)
+                    continue
                 operations.append(DeleteOne({"_id": key}))
             else:
                 doc = {**event.document, **self.extra, "_scn": event.scn}
                 doc.pop("_id", None)
-                operations.append(ReplaceOne({"_id": key}, doc, upsert=True))
+                operations.append(
+                    ReplaceOne({"_id": key}, doc, upsert=True) if exists else InsertOne({"_id": key, **doc})
+                )
             applied.append(event)
         for start in range(0, len(operations), BULK_LIMIT):
-            self.collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=True)
+            try:
+                self.collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=True)
+            except Exception:
+                self.known.clear()  # what was written is unknown now: read again on the replay
+                raise
             for event in applied[start : start + BULK_LIMIT]:
-                self.scns[event.key] = event.scn
+                self.known[event.key] = (event.scn, event.document is not None)
 
 
 def pages(collection: Any, query: dict[str, Any], after: str | None, size: int) -> Iterator[list[dict[str, Any]]]:
