@@ -8,7 +8,7 @@ import pytest
 from pymongo import MongoClient
 
 from fibers.databus.events import ChangeEvent
-from fibers.databus.store import GuardedCollection, pages
+from fibers.databus.store import BootstrapStore, GuardedCollection, pages
 
 pytestmark = pytest.mark.databus
 
@@ -50,3 +50,19 @@ def test_pages_walk_a_collection_in_id_order_and_resume_after_a_key(
     assert [key for page in walked for key in page] == [f"{i:04d}" for i in range(0, 230, 2)]
     resumed = [d["_id"] for page in pages(collection, {"p": 0}, "0100", 50) for d in page]
     assert resumed == [f"{i:04d}" for i in range(102, 230, 2)]
+
+
+def test_the_bootstrap_store_logs_each_change_once_even_when_replayed(
+    mongo: MongoClient[dict[str, Any]], unique: str
+) -> None:
+    db = mongo[f"{unique}store"]
+    first = [change(f"k{i}", i + 1, v=i) for i in range(120)]
+    BootstrapStore(db).apply_window(first)
+    writer = BootstrapStore(db)  # a restarted consumer: knows nothing, replays from its checkpoint
+    writer.apply_window([*first[100:], change("k0", 200, "d")])
+    writer.apply_window(first[110:])
+    log = db["log_t"]
+    assert log.count_documents({}) == 121
+    assert [d["offset"] for d in log.find({}, {"offset": 1}).sort("_id", 1)] == [*range(1, 121), 200]
+    assert db["snapshot_t"].count_documents({}) == 119  # k0 deleted
+    assert db["applier_t"].find_one({"_id": 0}) == {"_id": 0, "scn": 200, "offset": 200}

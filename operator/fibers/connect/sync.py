@@ -14,6 +14,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -260,7 +261,7 @@ class ConnectSync:
         outcome = Outcome()
         for step in steps:
             try:
-                await self._execute(client, target, step)
+                await self._execute(client, target, step, now)
             except ConnectError as exc:
                 outcome.failed, outcome.error = step, exc.message
                 outcome.rejected = 400 <= exc.status_code < 500 and not exc.rebalancing and exc.status_code != 404
@@ -290,17 +291,32 @@ class ConnectSync:
         reconciling = conditions.find(status["conditions"], conditions.RECONCILING) or {}
         return not steps and (reconciling.get("status") != "True" or reconciling.get("reason") == "AutoRestarting")
 
-    async def _execute(self, client: ConnectClient, target: Target, step: Step) -> None:
+    async def _claim(self, target: Target, now: datetime) -> None:
+        """Write-ahead: claim the connector name in status before creating it.
+
+        A crash between the two then leaves a claim we recognise rather than a connector we
+        would refuse to touch. The claim is the very status a successful create reports, so
+        the create costs no second status write.
+        """
+        assert target.spec is not None
+        previous = target.status
+        target.status = {**previous, "connectorName": target.spec.connector, "cluster": target.spec.cluster}
+        claim = reconcile.report(target, None, Outcome(done=[Step.CREATE]), now)
+        try:
+            await self.kube.replace_status(PLURAL, target.namespace, target.name, claim, previous)
+        except BaseException:
+            target.status = previous
+            raise
+        target.status = claim
+        self._written[target.key] = time.monotonic()
+
+    async def _execute(self, client: ConnectClient, target: Target, step: Step, now: datetime) -> None:
         spec = target.spec
         assert spec is not None
         ctx = {"namespace": target.namespace, "resource": target.name, "connector": spec.connector}
         if step is Step.CREATE:
             if not target.owned:
-                # Write-ahead: claim the name in status before creating, so a crash in between
-                # leaves a claim we recognise rather than a connector we would refuse to touch.
-                claimed = {**target.status, "connectorName": spec.connector, "cluster": spec.cluster}
-                await self.kube.replace_status(PLURAL, target.namespace, target.name, claimed, target.status)
-                target.status = claimed
+                await self._claim(target, now)
             await client.create(spec.connector, target.config, spec.connect_state)
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
             self._event(target, "Created", f"created connector {spec.connector} ({spec.connect_state})")

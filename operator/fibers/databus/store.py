@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pymongo import ASCENDING, DeleteOne, InsertOne, ReplaceOne, UpdateOne
+from pymongo import ASCENDING, DeleteOne, InsertOne, ReplaceOne
 from pymongo.database import Database
 from pymongo.errors import CursorNotFound
 
@@ -23,6 +23,11 @@ from fibers.databus.events import ChangeEvent
 
 def collection_suffix(topic: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in topic)
+
+
+def log_id(partition: int, offset: int) -> str:
+    """Log document ids sort by partition, then offset."""
+    return f"{partition:05d}:{offset:020d}"
 
 
 BULK_LIMIT = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
@@ -120,6 +125,7 @@ class BootstrapStore:
     def __init__(self, db: Database[dict[str, Any]]) -> None:
         self.db = db
         self._snapshots: dict[tuple[str, int], GuardedCollection] = {}
+        self._log_heads: dict[tuple[str, int], int] = {}
 
     def _snapshot(self, topic: str) -> Any:
         return self.db[f"snapshot_{collection_suffix(topic)}"]
@@ -133,43 +139,56 @@ class BootstrapStore:
     # ----- written by the consumer whose sink is the store ----------------------------------------
 
     def apply_window(self, events: list[ChangeEvent]) -> None:
-        by_topic: dict[str, list[ChangeEvent]] = {}
+        by_timeline: dict[tuple[str, int], list[ChangeEvent]] = {}
         for event in events:
-            by_topic.setdefault(event.topic, []).append(event)
-        for topic, batch in by_topic.items():
+            by_timeline.setdefault((event.topic, event.partition), []).append(event)
+        for (topic, partition), batch in by_timeline.items():
+            head = self._logged_offset(topic, partition)
             log_ops = [
-                ReplaceOne(
-                    {"_id": f"{e.partition:05d}:{e.offset:020d}"},
+                InsertOne(
                     {
+                        "_id": log_id(e.partition, e.offset),
                         "scn": e.scn,
                         "partition": e.partition,
                         "offset": e.offset,
                         "key": e.key,
                         "op": e.op,
                         "doc": e.document,
-                    },
-                    upsert=True,
+                    }
                 )
                 for e in batch
+                if e.offset > head  # a replay: logged already
             ]
-            bulk_write(self._log(topic), log_ops)
-            for partition in {e.partition for e in batch}:
-                if (topic, partition) not in self._snapshots:
-                    self._snapshots[topic, partition] = GuardedCollection(
-                        self._snapshot(topic), {"_partition": partition}
-                    )
-                self._snapshots[topic, partition].apply([e for e in batch if e.partition == partition])
-            applied: dict[int, tuple[int, int]] = {}
-            for e in batch:
-                scn, offset = applied.get(e.partition, (-1, -1))
-                applied[e.partition] = (max(scn, e.scn), max(offset, e.offset))
-            bulk_write(
-                self._applier(topic),
-                [
-                    UpdateOne({"_id": p}, {"$max": {"scn": scn, "offset": offset}}, upsert=True)
-                    for p, (scn, offset) in applied.items()
-                ],
+            try:
+                bulk_write(self._log(topic), log_ops)
+            except Exception:
+                del self._log_heads[topic, partition]  # partly written: read the head again on the replay
+                raise
+            self._log_heads[topic, partition] = max([head] + [e.offset for e in batch])
+            if (topic, partition) not in self._snapshots:
+                self._snapshots[topic, partition] = GuardedCollection(self._snapshot(topic), {"_partition": partition})
+            self._snapshots[topic, partition].apply(batch)
+            self._applier(topic).update_one(
+                {"_id": partition},
+                {"$max": {"scn": max(e.scn for e in batch), "offset": max(e.offset for e in batch)}},
+                upsert=True,
             )
+
+    def _logged_offset(self, topic: str, partition: int) -> int:
+        """The highest offset of this partition in the log (read once, then kept: we own the partition).
+
+        The log is append-only, so a replayed change is recognised by its offset and never
+        written twice — plain inserts, which FerretDB does without scanning the collection.
+        """
+        if (topic, partition) not in self._log_heads:
+            last = list(
+                self._log(topic)
+                .find({"_id": {"$gte": log_id(partition, 0), "$lt": log_id(partition + 1, 0)}}, {"offset": 1})
+                .sort("_id", -1)
+                .limit(1)
+            )
+            self._log_heads[topic, partition] = int(last[0]["offset"]) if last else -1
+        return self._log_heads[topic, partition]
 
     # ----- read by bootstrapping consumers --------------------------------------------------------
 
