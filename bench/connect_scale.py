@@ -8,7 +8,8 @@ For each N (100 and 500 by default), in one run on the local stack:
   calls     — REST calls the operator makes to Connect per sync interval at rest, counted by a
               proxy in front of Connect, against a per-connector polling loop (the DataFibers
               design: one status call per connector per interval) measured through the same proxy;
-  rss       — the operator's resident memory with N resources (goal < 150 MiB at 500).
+  rss       — the operator's resident memory with N resources (goal < 150 MiB at 500);
+  cpu       — CPU seconds the operator used from start to the end of the steady-state window.
 The last line printed is one JSON object with every figure.
 
     .venv/bin/python bench/connect_scale.py [--sizes 100,500] [--interval 10]
@@ -160,6 +161,12 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def apply_crds(api: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(api)
     for path in sorted((REPO / "crds").glob("*.yaml")):
@@ -232,11 +239,12 @@ def operator_run(
         wait(lambda: ready_count(custom, namespace) == n, 900, "all Connect resources Ready")
         ready_seconds = time.monotonic() - started
         say(f"N={n}: all Ready after {ready_seconds:.1f}s; measuring the steady state for 3 intervals")
-        time.sleep(interval * 1.5)  # let the fast interval wind down
+        time.sleep(interval * 3)  # let the fast interval wind down (topics of new connectors are learnt first)
         before, t0 = proxy.total(), time.monotonic()
         time.sleep(interval * 3)
         steady = (proxy.total() - before) / ((time.monotonic() - t0) / interval)
         rss = rss_mib(op.pid)
+        cpu = cpu_seconds(op.pid)
         names = [f"{namespace}-c{i}" for i in range(n)]
         polling = polling_loop_calls(proxy_url, names, proxy)
         say(f"N={n}: cleaning up")
@@ -251,6 +259,7 @@ def operator_run(
             "steady_calls_per_interval": round(steady, 2),
             "polling_loop_calls_per_interval": polling,
             "operator_rss_mib": round(rss, 1),
+            "operator_cpu_seconds": round(cpu, 1),
         }
     finally:
         op.terminate()

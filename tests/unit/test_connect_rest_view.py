@@ -119,7 +119,27 @@ def test_null_parts_and_empty_entry_default() -> None:
     assert ConnectorView.from_listing("c", {"info": None, "status": None}) == ConnectorView(
         name="c", config={}, state="UNASSIGNED"
     )
-    assert ConnectorView.from_listing("c", {}) == ConnectorView(name="c", config={}, state="UNASSIGNED")
+    assert ConnectorView.from_listing("c", {}) == ConnectorView(name="c", config=None, state="UNASSIGNED")
+
+
+def test_a_listing_without_configs_never_asks_for_a_config_update() -> None:
+    """Statuses alone (the cheap listing) say nothing about the config: no PUT, and Ready stands."""
+    from datetime import UTC, datetime
+
+    from fibers.connect import reconcile
+    from fibers.connect.reconcile import Outcome, Target
+    from fibers.connect.spec import parse
+
+    spec = parse({"class": "FileStreamSource", "config": {"file": "/f", "topic": "t"}}, "c", "http://connect")
+    target = Target("ns", "c", "uid", 1, spec, config=spec.full_config({}), status={"connectorName": spec.connector})
+    entry: dict[str, Any] = {"status": {"connector": {"state": "RUNNING"}, "tasks": [{"id": 0, "state": "RUNNING"}]}}
+    running = ConnectorView.from_listing(spec.connector, entry)
+    now = datetime.now(UTC)
+    assert reconcile.decide(target, running, now) == []
+    status = reconcile.report(target, running, Outcome(), now)
+    assert status["phase"] == "Running" and status["conditions"][0]["status"] == "True"
+    drifted = ConnectorView.from_listing(spec.connector, {**entry, "info": {"config": {"file": "/x"}}})
+    assert reconcile.decide(target, drifted, now) == [reconcile.Step.UPDATE_CONFIG]
 
 
 def test_status_type_wins_over_info_type() -> None:

@@ -44,6 +44,7 @@ class Target:
     paused: bool = False
     restart_requested: bool = False  # the fibers.dev/restart annotation
     unassigned_since: datetime | None = None
+    config_verified: bool = False  # Connect is known to hold `config` (seen in a listing, or we wrote it)
     topics_due: float = 0.0  # monotonic time before which an empty topic list is not asked again
     topic_checks: int = 0
 
@@ -100,7 +101,7 @@ def decide(target: Target, observed: ConnectorView | None, now: datetime) -> lis
     if not target.owned:
         return []  # someone else's connector: never touch it
     steps = []
-    if observed.config != target.config:
+    if observed.config is not None and observed.config != target.config:
         steps.append(Step.UPDATE_CONFIG)
     desired = spec.connect_state
     # UNASSIGNED and RESTARTING pass by themselves; a FAILED connector is restarted, not resumed.
@@ -251,7 +252,7 @@ def _ready(
         reason = "TasksUnassigned" if waited >= UNASSIGNED_GRACE else "Starting"
         return progressing(reason, f"{len(unassigned) or 'no'} task(s) not assigned yet")
     target.unassigned_since = None
-    if pending or observed.config != target.config:
+    if pending or (observed.config is not None and observed.config != target.config):
         return progressing(
             "Updating",
             f"applied {', '.join(s.value for s in pending) or 'changes'}; waiting to verify",

@@ -6,6 +6,7 @@ outcome on a later read, never by the status code alone.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,7 @@ class ConnectorView:
     """One connector as the expanded listing shows it."""
 
     name: str
-    config: dict[str, str]
+    config: dict[str, str] | None  # None: the listing was asked without configs
     state: str
     worker_id: str = ""
     trace: str = ""
@@ -59,7 +60,7 @@ class ConnectorView:
         connector = status.get("connector") or {}
         return cls(
             name=name,
-            config={k: str(v) for k, v in (info.get("config") or {}).items()},
+            config={k: str(v) for k, v in (info.get("config") or {}).items()} if "info" in entry else None,
             state=connector.get("state", "UNASSIGNED"),
             worker_id=connector.get("worker_id", ""),
             trace=connector.get("trace", ""),
@@ -72,9 +73,13 @@ class ConnectorView:
 
 
 class ConnectClient:
-    def __init__(self, url: str, *, timeout: float = 15.0, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = 15.0, parallel: int = 16, http: httpx.AsyncClient | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self._http = http or httpx.AsyncClient(timeout=timeout)
+        # Connect serialises connector changes in its herder; more requests at once only queue there.
+        self._gate = asyncio.Semaphore(parallel)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -82,7 +87,8 @@ class ConnectClient:
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         metrics.CONNECT_CALLS.labels(redact(self.url, [])).inc()
         try:
-            response = await self._http.request(method, f"{self.url}{path}", **kwargs)
+            async with self._gate:
+                response = await self._http.request(method, f"{self.url}{path}", **kwargs)
         except httpx.HTTPError as exc:
             raise ConnectUnreachable(redact(f"cannot reach Kafka Connect at {self.url}: {exc!r}", [])) from None
         if response.status_code >= 400:
@@ -93,9 +99,14 @@ class ConnectClient:
             raise ConnectError(response.status_code, message)
         return response
 
-    async def list_expanded(self) -> dict[str, ConnectorView]:
-        """Every connector with its config and status, in ONE call."""
-        response = await self._request("GET", "/connectors", params=[("expand", "status"), ("expand", "info")])
+    async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
+        """Every connector with its status (and config), in ONE call.
+
+        Configs are optional because Connect builds them at a cost that grows with the square of
+        the number of connectors (about 0.13 s of its CPU for 500), while statuses are cheap.
+        """
+        params = [("expand", "status"), ("expand", "info")] if configs else [("expand", "status")]
+        response = await self._request("GET", "/connectors", params=params)
         return {name: ConnectorView.from_listing(name, entry) for name, entry in response.json().items()}
 
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:

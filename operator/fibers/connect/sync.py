@@ -31,6 +31,7 @@ from fibers.redact import redact
 
 log = logging.getLogger("fibers.connect")
 TOPICS_RECHECK = 60.0  # seconds before asking Connect again for a connector that reported no topics
+TOPIC_FAST_ASKS = 4  # asks for a new connector's topics made at the fast pace (after 2, 4, 8, 16 s)
 
 # Ready=False reasons worth a Warning event (the others are progress: Creating, Starting, …).
 FAILURE_REASONS = frozenset(
@@ -53,8 +54,9 @@ class SyncSettings:
     interval: float = 10.0  # at rest: one listing per cluster per interval
     fast_interval: float = 1.0  # while some connector is converging
     status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
-    parallel_calls: int = 16  # concurrent write calls to one Connect cluster
+    parallel_calls: int = 16  # concurrent calls to one Connect cluster
     topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
+    topic_refreshes_converging: int = 64  # the same while connectors converge (topic look-ups are cheap)
     default_cluster: str | None = None
 
 
@@ -66,6 +68,7 @@ class ConnectSync:
         self.clients: dict[str, ConnectClient] = {}
         self._converging: set[str] = set()
         self._last_sync: dict[str, float] = {}
+        self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
         self._written: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
 
@@ -92,6 +95,7 @@ class ConnectSync:
             await self._resolve_secrets(target)
         except SpecError as exc:
             target.problem = Condition(READY, False, "InvalidSpec", str(exc))
+        target.config_verified = bool(previous and previous.config_verified and previous.config == target.config)
         self.targets[target.key] = target
         self.nudge(target)
 
@@ -140,7 +144,7 @@ class ConnectSync:
 
     def _client(self, cluster: str) -> ConnectClient:
         if cluster not in self.clients:
-            self.clients[cluster] = ConnectClient(cluster)
+            self.clients[cluster] = ConnectClient(cluster, parallel=self.settings.parallel_calls)
         return self.clients[cluster]
 
     def _by_cluster(self) -> dict[str, list[Target]]:
@@ -197,9 +201,15 @@ class ConnectSync:
 
     async def _sync_cluster(self, cluster: str, targets: list[Target]) -> None:
         client = self._client(cluster)
-        self._last_sync[cluster] = time.monotonic()
+        now = time.monotonic()
+        self._last_sync[cluster] = now
+        # Configs are read once per interval, and whenever one is not known to be applied yet
+        # (a new or changed spec); while connectors only start, statuses are enough.
+        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval or any(
+            t.spec and not t.problem and not t.config_verified for t in targets
+        )
         try:
-            listing = await client.list_expanded()
+            listing = await client.list_expanded(configs=with_configs)
         except (ConnectUnreachable, ConnectError) as exc:
             message = redact(str(exc), ())
             log.warning("Kafka Connect unreachable", extra={"cluster": redact(cluster, ()), "error": message})
@@ -207,23 +217,25 @@ class ConnectSync:
                 await self._publish(target, self._unreachable_status(target, message))
             self._converging.add(cluster)
             return
-        gate = asyncio.Semaphore(self.settings.parallel_calls)
+        if with_configs:
+            self._configs_read[cluster] = now
         # While connectors are converging, learn their topics quickly; at rest, only a few per sync.
         converging = cluster in self._converging
-        refresh_budget = [self.settings.parallel_calls if converging else self.settings.topic_refreshes]
+        refresh_budget = [self.settings.topic_refreshes_converging if converging else self.settings.topic_refreshes]
 
+        # All resources at once: the client bounds the calls to Connect, so status writes of some
+        # resources overlap with Connect calls of others.
         async def one(target: Target) -> bool:
-            async with gate:
-                try:
-                    with metrics.reconciling(KIND):
-                        return await self._reconcile(client, target, listing, refresh_budget)
-                except Exception as exc:  # one resource's failure (e.g. a forbidden status write) spares the rest
-                    log.warning(
-                        "reconcile failed: %s",
-                        redact(describe(exc), target.secrets),
-                        extra={"namespace": target.namespace, "resource": target.name},
-                    )
-                    return False
+            try:
+                with metrics.reconciling(KIND):
+                    return await self._reconcile(client, target, listing, refresh_budget)
+            except Exception as exc:  # one resource's failure (e.g. a forbidden status write) spares the rest
+                log.warning(
+                    "reconcile failed: %s",
+                    redact(describe(exc), target.secrets),
+                    extra={"namespace": target.namespace, "resource": target.name},
+                )
+                return False
 
         settled = await asyncio.gather(*(one(t) for t in targets if self.targets.get(t.key) is t))
         if all(settled):
@@ -256,6 +268,8 @@ class ConnectSync:
         assert target.spec is not None
         spec = target.spec
         observed = listing.get(spec.connector)
+        if observed is not None and observed.config is not None:
+            target.config_verified = observed.config == target.config
         now = utcnow()
         steps = reconcile.decide(target, observed, now)
         outcome = Outcome()
@@ -287,9 +301,18 @@ class ConnectSync:
             target.restart_requested = False
             await self.kube.remove_annotation(PLURAL, target.namespace, target.name, ANNOTATION_RESTART)
         # Settled: nothing was done and nothing is in flight. A connector waiting out its restart
-        # backoff is settled too; the normal interval is precise enough for that.
+        # backoff is settled too; the normal interval is precise enough for that. A new connector's
+        # topics are learnt at the fast pace for its first few asks, so the quiet interval does not
+        # spend its calls on them; a connector that writes nothing does not hold the fast pace.
         reconciling = conditions.find(status["conditions"], conditions.RECONCILING) or {}
-        return not steps and (reconciling.get("status") != "True" or reconciling.get("reason") == "AutoRestarting")
+        learning_topics = (
+            observed is not None and target.owned and not status.get("topics") and target.topic_checks < TOPIC_FAST_ASKS
+        )
+        return (
+            not steps
+            and not learning_topics
+            and (reconciling.get("status") != "True" or reconciling.get("reason") == "AutoRestarting")
+        )
 
     async def _claim(self, target: Target, now: datetime) -> None:
         """Write-ahead: claim the connector name in status before creating it.
@@ -318,10 +341,12 @@ class ConnectSync:
             if not target.owned:
                 await self._claim(target, now)
             await client.create(spec.connector, target.config, spec.connect_state)
+            target.config_verified = True
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
             self._event(target, "Created", f"created connector {spec.connector} ({spec.connect_state})")
         elif step is Step.UPDATE_CONFIG:
             await client.put_config(spec.connector, target.config)
+            target.config_verified = True
             log.info("connector config updated", extra=ctx)
             self._event(target, "ConfigUpdated", "connector configuration updated to match the spec")
         elif step is Step.SET_STATE:
