@@ -42,8 +42,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from fibers import (
         controller,  # noqa: F401  (registers the handlers)
+        memory,
         metrics,
     )
+
+    memory.limit_arenas()
 
     if args.connect_url:
         os.environ["FIBERS_CONNECT_URL"] = args.connect_url

@@ -52,6 +52,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
+    # kopf would post an Event for every handler run ("Handler … succeeded"): two API writes per
+    # object and noise in `kubectl describe`. Our own Events mark the transitions that matter;
+    # kopf still posts its warnings and errors.
+    settings.posting.level = logging.WARNING
     # Kubernetes API calls run in worker threads (the client is synchronous). More threads than the
     # default (cpu+4) did not make 500 Connects Ready sooner here and cost ~15 MiB: opt-in only.
     if threads := int(os.environ.get("FIBERS_API_THREADS", "0")):

@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from fibers import conditions, metrics
+from fibers import conditions, memory, metrics
 from fibers.api import ANNOTATION_PAUSED, ANNOTATION_RESTART, object_ref
 from fibers.conditions import READY, Condition, utcnow
 from fibers.connect import reconcile
@@ -239,6 +239,8 @@ class ConnectSync:
 
         settled = await asyncio.gather(*(one(t) for t in targets if self.targets.get(t.key) is t))
         if all(settled):
+            if cluster in self._converging:
+                memory.release_free_memory()  # a burst is over: give its pages back
             self._converging.discard(cluster)
         else:
             self._converging.add(cluster)

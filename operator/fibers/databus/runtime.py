@@ -42,6 +42,7 @@ log = logging.getLogger("fibers.databus")
 NEXT_OFFSET = "kafka_next_offset"
 SNAPSHOT_LAST_KEY = "fibers_snapshot_last_key"
 CATCHUP_LAST_ID = "fibers_catchup_last_id"
+QUIET_SECONDS = 0.05  # relay silence that ends an open transaction window
 
 
 def next_offset(cp: Checkpoint | None) -> int | None:
@@ -369,8 +370,7 @@ class Runtime:
         attempts: dict[tuple[str, int, int], int] = {}
         max_events = self.config.max_window_events
         while not self.stopping:
-            # Any: a consumed record always has topic, partition and offset (the stubs say Optional).
-            messages: list[Any] = self.consumer.consume(num_messages=1000, timeout=0.2)
+            messages = self._poll(waiting=bool(window))
             ready: list[list[ChangeEvent]] = []
             for message in messages:  # the hot loop: keep it lean
                 if (error := message.error()) is not None:
@@ -386,7 +386,8 @@ class Runtime:
                     window_id = (event.window, event.partition, event.topic)
                 else:
                     window.append(event)
-            if not messages and window:  # the relay went quiet: the window is complete
+            # A single record is a whole window; a transaction is complete once the relay goes quiet.
+            if window and (not messages or isinstance(window[0].window, int)):
                 ready.append(window)
                 window, window_id = [], None
             if ready:
@@ -395,6 +396,20 @@ class Runtime:
                     window, window_id = [], None  # it will be read again from the checkpoint
             if not messages and self.store.pending:
                 self.store.flush()
+
+    def _poll(self, *, waiting: bool) -> list[Any]:
+        """The next records: what librdkafka has fetched already, else the next to arrive.
+
+        Never waits for a full batch, so a lone change is handed on as soon as it arrives. With
+        a transaction open (`waiting`), a short silence is taken to mean it is complete: Debezium
+        writes a transaction's events together. Any: a consumed record always has topic,
+        partition and offset (the stubs say Optional).
+        """
+        messages: list[Any] = self.consumer.consume(num_messages=1000, timeout=0)
+        if messages:
+            return messages
+        first: list[Any] = self.consumer.consume(num_messages=1, timeout=QUIET_SECONDS if waiting else 0.2)
+        return first + self.consumer.consume(num_messages=999, timeout=0) if first else []
 
     @staticmethod
     def _relay_error(error: KafkaError) -> None:
