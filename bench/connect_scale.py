@@ -2,7 +2,8 @@
 
 For each N (100 and 500 by default), in one run on the local stack:
   floor     — a plain script creates N FileStreamSource connectors straight through the REST API
-              (16 at a time) and waits until every one and its task is RUNNING;
+              (16 at a time) and waits until every one and its task is RUNNING; it reaches
+              Connect through the same counting proxy as the operator;
   operator  — the same N connectors as Connect resources; seconds until every resource is Ready;
   ratio     — operator / floor (goal ≤ 1.3);
   calls     — REST calls the operator makes to Connect per sync interval at rest, counted by a
@@ -20,14 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,39 +47,44 @@ def say(message: str) -> None:
 
 
 class CountingProxy:
-    """Forwards HTTP to Kafka Connect on a loopback port and counts the requests."""
+    """Forwards HTTP to Kafka Connect on a loopback port and counts the requests.
+
+    It runs in its own process: in this one it would share the GIL with the benchmark's own
+    polling and slow down every call the operator makes.
+    """
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.calls: Counter[str] = Counter()
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
+        self._count = multiprocessing.Value("q", 0)
+        self._port = multiprocessing.Value("i", 0)
 
     def start(self) -> str:
-        threading.Thread(target=self._run, daemon=True).start()
-        self._ready.wait(10)
-        return f"http://127.0.0.1:{self.port}"
+        multiprocessing.Process(target=_serve, args=(self.upstream, self._count, self._port), daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not self._port.value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self._port.value}"
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-        self._loop.run_forever()
+    def total(self) -> int:
+        return int(self._count.value)
 
-    async def _serve(self) -> None:
+
+def _serve(upstream: str, count: Any, port: Any) -> None:
+    async def main() -> None:
         session = ClientSession()
 
         async def forward(request: web.Request) -> web.Response:
-            self.calls[f"{request.method} {request.path}"] += 1
+            with count.get_lock():
+                count.value += 1
             body = await request.read()
             async with session.request(
                 request.method,
-                f"{self.upstream}{request.path_qs}",
+                f"{upstream}{request.path_qs}",
                 data=body or None,
                 headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
-            ) as upstream:
-                payload = await upstream.read()
-                return web.Response(status=upstream.status, body=payload, content_type="application/json")
+            ) as answer:
+                payload = await answer.read()
+                return web.Response(status=answer.status, body=payload, content_type="application/json")
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", forward)
@@ -87,11 +92,10 @@ class CountingProxy:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
+        port.value = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await asyncio.Event().wait()
 
-    def total(self) -> int:
-        return sum(self.calls.values())
+    asyncio.run(main())
 
 
 def all_running(connect: httpx.Client, names: set[str]) -> bool:
@@ -286,7 +290,7 @@ def main() -> int:
     proxy = CountingProxy(info.connect_url)
     proxy_url = proxy.start()
     results: dict[str, Any] = {"benchmark": "connect_scale", "interval_seconds": args.interval}
-    with httpx.Client(base_url=info.connect_url, timeout=60) as connect:
+    with httpx.Client(base_url=proxy_url, timeout=60) as connect:  # both paths go through the proxy
         for n in sizes:
             say(f"N={n}: floor (plain REST script)")
             floor = floor_run(connect, n, source, f"floor{n}-{uuid.uuid4().hex[:4]}")
