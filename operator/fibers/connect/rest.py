@@ -7,6 +7,8 @@ outcome on a later read, never by the status code alone.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,8 @@ import httpx
 
 from fibers import metrics
 from fibers.redact import redact
+
+log = logging.getLogger("fibers.connect.rest")
 
 
 class ConnectError(Exception):
@@ -88,7 +92,17 @@ class ConnectClient:
         metrics.CONNECT_CALLS.labels(redact(self.url, [])).inc()
         try:
             async with self._gate:
+                started = time.monotonic()
                 response = await self._http.request(method, f"{self.url}{path}", **kwargs)
+                log.debug(
+                    "connect call",
+                    extra={
+                        "method": method,
+                        "path": path,
+                        "code": response.status_code,
+                        "seconds": round(time.monotonic() - started, 3),
+                    },
+                )
         except httpx.HTTPError as exc:
             raise ConnectUnreachable(redact(f"cannot reach Kafka Connect at {self.url}: {exc!r}", [])) from None
         if response.status_code >= 400:

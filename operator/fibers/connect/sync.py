@@ -67,6 +67,7 @@ class ConnectSync:
         self.targets: dict[tuple[str, str], Target] = {}
         self.clients: dict[str, ConnectClient] = {}
         self._converging: set[str] = set()
+        self._nudged: set[str] = set()  # clusters with a changed resource, synced without waiting
         self._last_sync: dict[str, float] = {}
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
         self._written: dict[tuple[str, str], float] = {}
@@ -136,8 +137,10 @@ class ConnectSync:
         log.info("connector deleted", extra={"namespace": namespace, "resource": name, "connector": owned})
 
     def nudge(self, target: Target) -> None:
+        """Sync the target's cluster soon (after a short pause that gathers a burst of changes)."""
         if target.spec:
             self._converging.add(target.spec.cluster)
+            self._nudged.add(target.spec.cluster)
         self._wake.set()
 
     # ----- the loop ------------------------------------------------------------------------------
@@ -171,13 +174,13 @@ class ConnectSync:
         """Sync the clusters that are due, then sleep until the next is due or something changes."""
         groups = self._by_cluster()
         now = time.monotonic()
-        due = [c for c in groups if now - self._last_sync.get(c, 0) >= self._interval(c)]
+        due = [c for c in groups if c in self._nudged or now - self._last_sync.get(c, 0) >= self._interval(c)]
         if due:
             await asyncio.gather(*(self._sync_cluster(c, groups[c]) for c in due))
         await self._resolve_unresolved()
         await self._report_unplaced()
         now = time.monotonic()
-        waits = [self._last_sync.get(c, 0) + self._interval(c) - now for c in groups]
+        waits = [0.0 if c in self._nudged else self._last_sync.get(c, 0) + self._interval(c) - now for c in groups]
         self._wake.clear()
         try:
             await asyncio.wait_for(self._wake.wait(), timeout=max(0.2, min(waits, default=self.settings.interval)))
@@ -203,13 +206,17 @@ class ConnectSync:
         client = self._client(cluster)
         now = time.monotonic()
         self._last_sync[cluster] = now
-        # Configs are read once per interval, and whenever one is not known to be applied yet
-        # (a new or changed spec); while connectors only start, statuses are enough.
-        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval or any(
-            t.spec and not t.problem and not t.config_verified for t in targets
-        )
+        self._nudged.discard(cluster)
+        # Configs are read once per interval, and when an existing connector's config is not known
+        # to match its spec (a changed spec); connectors being created or starting need statuses only.
+        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval
         try:
             listing = await client.list_expanded(configs=with_configs)
+            if not with_configs and any(
+                t.spec and not t.problem and not t.config_verified and t.spec.connector in listing for t in targets
+            ):
+                with_configs = True
+                listing = await client.list_expanded(configs=True)
         except (ConnectUnreachable, ConnectError) as exc:
             message = redact(str(exc), ())
             log.warning("Kafka Connect unreachable", extra={"cluster": redact(cluster, ()), "error": message})
