@@ -31,7 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, Observation, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -499,30 +499,14 @@ def _quoted(column: str) -> str:
     return "`" + column.replace("`", "``") + "`"
 
 
-def write_outputs(spec: JobSpec, result: DataFrame) -> int | None:
-    """Batch: write the result to the output, then to the streamBack topic; the rows written.
-
-    The first write counts the rows as they pass (a Spark Observation) instead of running a
-    separate count; with two destinations the result is cached so the SQL runs only once.
-    Returns None when there is nothing to write.
-    """
-    sinks: list[Sink] = [spec.output] if spec.output is not None else []
+def write_outputs(spec: JobSpec, result: DataFrame) -> None:
+    """Batch: write the result to the output, then to the streamBack topic (both read the cached result)."""
+    if spec.output is not None:
+        _write_batch(spec, spec.output, result)
+        log.info("output written", extra={"sink": type(spec.output).__name__})
     if spec.stream_back_topic is not None:
-        sinks.append(KafkaSink(spec.stream_back_topic))
-    if not sinks:
-        return None
-    if len(sinks) > 1:
-        result = result.cache()
-    observation = Observation("rows-written")
-    try:
-        for index, sink in enumerate(sinks):
-            observed = result.observe(observation, F.count(F.lit(1)).alias("rows")) if index == 0 else result
-            _write_batch(spec, sink, observed)
-            log.info("result written", extra={"sink": type(sink).__name__, "streamBack": index > 0 or not spec.output})
-    finally:
-        if len(sinks) > 1:
-            result.unpersist()
-    return int(observation.get["rows"])
+        _write_batch(spec, KafkaSink(spec.stream_back_topic), result)
+        log.info("result streamed back", extra={"topic": spec.stream_back_topic})
 
 
 def _write_batch(spec: JobSpec, sink: Sink, result: DataFrame) -> None:
@@ -612,12 +596,15 @@ class JobResult:
 
 
 def run(spark: SparkSession, spec: JobSpec) -> JobResult:
-    """One batch run: compute, write, and count what was written."""
+    """One batch: the result is cached and counted once, so the writes do not run the SQL again."""
     started = time.monotonic()
-    result = transform(spark, spec, build_views(spark, spec))
-    written = write_outputs(spec, result)
-    records = written if written is not None else result.count()
-    log.info("result computed", extra={"records": records})
+    result = transform(spark, spec, build_views(spark, spec)).cache()
+    try:
+        records = result.count()
+        log.info("result computed", extra={"records": records})
+        write_outputs(spec, result)
+    finally:
+        result.unpersist()
     streamed_back = records if spec.stream_back_topic is not None else None
     return JobResult(records, streamed_back, time.monotonic() - started)
 
