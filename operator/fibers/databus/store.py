@@ -30,6 +30,7 @@ def log_id(partition: int, offset: int) -> str:
     return f"{partition:05d}:{offset:020d}"
 
 
+FEW_KEYS = 8  # unknown keys read one by one; more are read with one $in query
 BULK_LIMIT = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
 
 
@@ -44,9 +45,9 @@ class GuardedCollection:
 
     What each key holds (its SCN, and whether a document exists) is remembered after every write,
     deletes included, so a replayed older insert cannot bring a deleted row back. Only keys not
-    remembered are read, one equality query each. Both choices are for FerretDB on SQLite, which
-    answers `_id == x` from its index but scans the whole collection for `_id $in [...]` and for
-    every update or delete: knowing that a key is absent turns its write into a plain insert.
+    remembered are read (see `_learn`). Both serve FerretDB on SQLite, which scans the whole
+    collection for every update or delete: knowing that a key is absent turns its write into a
+    plain insert.
     Remembering is safe because one consumer instance owns each key's partition exclusively; a
     new owner starts with an empty memory and reads.
     """
@@ -55,11 +56,21 @@ class GuardedCollection:
         self.collection, self.extra, self.remember = collection, extra or {}, remember
         self.known: dict[str, tuple[int, bool]] = {}  # key → (SCN stored or deleted last, document exists)
 
-    def _stored(self, key: str) -> tuple[int, bool]:
-        if key not in self.known:
-            found = self.collection.find_one({"_id": key}, {"_scn": 1})
-            self.known[key] = (int(found.get("_scn", -1)), True) if found else (-1, False)
-        return self.known[key]
+    def _learn(self, keys: list[str]) -> None:
+        """Read what the store holds for keys not remembered.
+
+        FerretDB finds a present `_id` from its index but scans for an absent one, and `$in`
+        is one scan for the lot: a few keys are read one by one, more in one query.
+        """
+        unknown = [k for k in keys if k not in self.known]
+        if len(unknown) <= FEW_KEYS:
+            found = [d for k in unknown if (d := self.collection.find_one({"_id": k}, {"_scn": 1}))]
+        else:
+            found = list(self.collection.find({"_id": {"$in": unknown}}, {"_scn": 1}))
+        for key in unknown:
+            self.known[key] = (-1, False)
+        for doc in found:
+            self.known[str(doc["_id"])] = (int(doc.get("_scn", -1)), True)
 
     def apply(self, events: list[ChangeEvent]) -> None:
         latest: dict[str, ChangeEvent] = {}
@@ -69,8 +80,9 @@ class GuardedCollection:
             self.known.clear()  # bounded memory; forgotten keys are read again
         operations: list[Any] = []
         applied: list[ChangeEvent] = []
+        self._learn(list(latest))
         for key, event in latest.items():
-            scn, exists = self._stored(key)
+            scn, exists = self.known[key]
             if scn >= event.scn:
                 continue  # already applied (a replay), or a newer change is stored
             if event.document is None:
