@@ -55,16 +55,21 @@ def parse_json(data: bytes) -> Any:
     return json.loads(data)
 
 
+def _unwrap(decoded: Any) -> Any:
+    """JsonConverter with schemas.enable=true wraps keys and values as {"schema": …, "payload": …}."""
+    if type(decoded) is dict and len(decoded) == 2 and "schema" in decoded and "payload" in decoded:
+        return decoded["payload"]
+    return decoded
+
+
 def _key_text(key: bytes | None, row: dict[str, Any] | None) -> str:
     if key:
         if key.isdigit():  # the common plain numeric key; json.loads would give the same text, slower
             return key.decode()
         try:
-            decoded = parse_json(key)
+            decoded = _unwrap(parse_json(key))
         except ValueError:
             return key.decode(errors="replace")
-        if type(decoded) is dict and len(decoded) == 2 and "schema" in decoded and "payload" in decoded:
-            decoded = decoded["payload"]  # a key written with schemas.enable=true
         if isinstance(decoded, dict):
             return (
                 json.dumps(decoded, sort_keys=True, separators=(",", ":"))
@@ -80,22 +85,14 @@ def _key_text(key: bytes | None, row: dict[str, Any] | None) -> str:
 def decode(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> ChangeEvent | None:
     """A ChangeEvent, or None for a tombstone (Kafka's null value after a delete, which carries nothing).
 
-    Called for every record the consumer reads, so it is written for speed: one JSON parse, no
-    helper calls on the common paths.
+    Called for every record the consumer reads: one JSON parse, and the event built positionally.
     """
     if value is None:
         return None
     try:
-        payload = parse_json(value)
+        payload = _unwrap(parse_json(value))
     except ValueError as exc:
         raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not JSON: {exc}") from None
-    if type(payload) is dict and len(payload) == 2 and "schema" in payload and "payload" in payload:
-        payload = payload["payload"]  # JsonConverter with schemas.enable=true
-    return decode_payload(topic, partition, offset, key, payload)
-
-
-def decode_payload(topic: str, partition: int, offset: int, key: bytes | None, payload: Any) -> ChangeEvent | None:
-    """decode() for a value already parsed (and unwrapped from its schema envelope)."""
     if type(payload) is dict:
         if "op" in payload and "source" in payload:
             return _debezium(topic, partition, offset, key, payload)
@@ -104,8 +101,7 @@ def decode_payload(topic: str, partition: int, offset: int, key: bytes | None, p
         return None
     else:
         row = {"value": payload}
-    text = key.decode() if key and key.isdigit() else _key_text(key, row)
-    return ChangeEvent(topic, partition, offset, text, "u", offset, offset, row, None, 0, row)
+    return ChangeEvent(topic, partition, offset, _key_text(key, row), "u", offset, offset, row, None, 0, row)
 
 
 def _debezium(topic: str, partition: int, offset: int, key: bytes | None, payload: dict[str, Any]) -> ChangeEvent:
