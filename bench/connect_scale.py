@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,7 @@ from typing import Any
 import httpx
 import yaml
 from aiohttp import ClientSession, web
-from kubernetes import client, config
+from kubernetes import client, config, watch
 
 from fibers import stack
 
@@ -183,12 +184,37 @@ def apply_crds(api: client.ApiClient) -> None:
     time.sleep(2)
 
 
-def ready_count(custom: client.CustomObjectsApi, namespace: str) -> int:
-    items = custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "connects")["items"]
-    return sum(
-        any(c["type"] == "Ready" and c["status"] == "True" for c in (i.get("status") or {}).get("conditions") or [])
-        for i in items
-    )
+def ready_watcher(custom: client.CustomObjectsApi, namespace: str, n: int) -> threading.Event:
+    """Set once n Connect resources are Ready, learnt from a watch (as `kubectl wait` does).
+
+    Listing hundreds of resources every fraction of a second would load the API server the operator
+    writes to and slow down what is being measured.
+    """
+    done = threading.Event()
+
+    def follow() -> None:
+        ready: set[str] = set()
+        while not done.is_set():
+            for event in watch.Watch().stream(
+                custom.list_namespaced_custom_object,
+                "fibers.dev",
+                "v1alpha1",
+                namespace,
+                "connects",
+                timeout_seconds=60,
+            ):
+                item = event["object"]
+                conds = (item.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                    ready.add(item["metadata"]["name"])
+                else:
+                    ready.discard(item["metadata"]["name"])
+                if len(ready) == n:
+                    done.set()
+                    return
+
+    threading.Thread(target=follow, daemon=True).start()
+    return done
 
 
 def operator_run(
@@ -230,6 +256,8 @@ def operator_run(
                 },
             }
 
+        all_ready = ready_watcher(custom, namespace, n)
+        time.sleep(0.5)  # the watch is open
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(
@@ -240,7 +268,8 @@ def operator_run(
                     range(n),
                 )
             )
-        wait(lambda: ready_count(custom, namespace) == n, 900, "all Connect resources Ready")
+        if not all_ready.wait(900):
+            raise TimeoutError("all Connect resources Ready")
         ready_seconds = time.monotonic() - started
         say(f"N={n}: all Ready after {ready_seconds:.1f}s; measuring the steady state for 3 intervals")
         time.sleep(interval * 3)  # let the fast interval wind down (topics of new connectors are learnt first)

@@ -439,6 +439,7 @@ def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr("fibers.kube.load_client", lambda: object())
     monkeypatch.setattr(client, "CoreV1Api", FakeCore)
+    job._core_api.cache_clear()  # the client is made once per process; make it again with the fakes
 
     assert job.write_result_config_map("shop", "cm", "orders-report", JobResult(3, 3, 1.23456))
     assert calls == [
@@ -448,6 +449,7 @@ def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatc
     calls.clear()
     job.write_result_config_map("shop", "cm", "orders-report", JobResult(3, None, 2.0))
     assert calls[0] == ("create", {"recordsOut": "3", "streamedBack": "", "seconds": "2.0"})
+    job._core_api.cache_clear()
 
 
 def test_sigterm_and_sigint_only_ask_the_streaming_loop_to_stop() -> None:

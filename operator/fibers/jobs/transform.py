@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import functools
 import importlib
 import itertools
 import json
@@ -40,6 +42,7 @@ from fibers.redact import redact, truncate
 from fibers.spark import session
 
 if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api
     from pymongo.collection import Collection
     from pyspark.sql.streaming.listener import StreamingQueryProgress
     from pyspark.sql.streaming.query import StreamingQuery
@@ -692,6 +695,21 @@ def publish(spec: JobSpec, result: JobResult) -> None:
     print(f"FIBERS_RESULT {json.dumps(result.to_dict())}", flush=True)
 
 
+@functools.cache
+def _core_api() -> CoreV1Api:
+    from kubernetes import client
+
+    from fibers.kube import load_client
+
+    return client.CoreV1Api(load_client())
+
+
+def _prepare_core_api() -> None:
+    """Warm `_core_api` in the background; a failure here is reported when the result is written."""
+    with contextlib.suppress(Exception):
+        _core_api()
+
+
 def write_result_config_map(namespace: str, name: str, transform_name: str, result: JobResult) -> bool:
     """Create or replace the ConfigMap; Kubernetes being out of reach is a warning, never a job failure.
 
@@ -701,9 +719,7 @@ def write_result_config_map(namespace: str, name: str, transform_name: str, resu
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        from fibers.kube import load_client
-
-        core = client.CoreV1Api(load_client())
+        core = _core_api()
         labels = {"app.kubernetes.io/managed-by": "fibers", "fibers.dev/transform": transform_name}
         body = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
@@ -807,6 +823,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fibers-transform: error: invalid spec: {exc}", file=sys.stderr, flush=True)
         return 2
     log.info("transform starting", extra={"transform": spec.name, "run": spec.run, "mode": spec.mode})
+    if spec.result_config_map:  # setting up the Kubernetes client takes ~0.6 s: do it while Spark starts
+        threading.Thread(target=_prepare_core_api, daemon=True).start()
     # Python workers (foreachPartition, UDFs) must run this interpreter, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark: SparkSession | None = None

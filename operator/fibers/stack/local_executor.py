@@ -4,7 +4,9 @@ No container runtime exists on these machines, so nothing would ever run a Spark
 driver. This process plays that part for Fibers' own workloads, in tests and the demo:
 it watches SparkApplications, runs each one's job (`python -m fibers.jobs.transform`, the same
 code the driver pod runs) with local Spark, and writes the status the way the Spark Operator does:
-SUBMITTED → RUNNING → COMPLETED or FAILED, with driverInfo, attempts and times. Deleting the
+SUBMITTED → RUNNING → COMPLETED or FAILED, with driverInfo, attempts and times. Like the Spark
+Operator's informers, it reacts to events: a watch on SparkApplications and the exit of a job wake
+it at once (a half-second pass also runs, for pods and missed events). Deleting the
 SparkApplication stops its job. Namespaces labelled `fibers.dev/local-executor=skip` are ignored,
 which is how tests reproduce a Spark Operator that never picks a submission up.
 
@@ -26,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from fibers import logs
@@ -63,6 +66,7 @@ class LocalExecutor:
         self.log_dir = log_dir
         self.jobs: dict[str, Job] = {}  # by uid
         self.pods = PodRunner(self.core, log_dir, self.resolve_env)
+        self.wake = threading.Event()  # set by the watch and by exiting jobs: sync now
 
     def install_crd(self) -> None:
         body = yaml.safe_load(CRD.read_text())
@@ -123,6 +127,7 @@ class LocalExecutor:
                 argv, stdout=out, stderr=subprocess.STDOUT, env=self._env(namespace, app), start_new_session=True
             )
         self.jobs[uid] = Job(namespace, name, uid, process, log_file)
+        threading.Thread(target=self._wake_on_exit, args=(process,), daemon=True).start()
         self._patch_status(
             namespace,
             name,
@@ -174,8 +179,25 @@ class LocalExecutor:
                 self.finish(job, code)
                 del self.jobs[uid]
 
+    def _wake_on_exit(self, process: subprocess.Popen[bytes]) -> None:
+        process.wait()
+        self.wake.set()
+
+    def _watch_applications(self) -> None:
+        """Wake the loop on every SparkApplication event; reconnect when the watch ends or fails."""
+        while True:
+            try:
+                for _ in watch.Watch().stream(
+                    self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, timeout_seconds=300
+                ):
+                    self.wake.set()
+            except Exception as exc:  # the API server restarting, say; the half-second pass covers the gap
+                log.warning("SparkApplication watch failed; reconnecting", extra={"error": str(exc)[:300]})
+                time.sleep(1)
+
     def run(self, interval: float = 0.5) -> None:
         self.install_crd()
+        threading.Thread(target=self._watch_applications, daemon=True).start()
         stopping = False
 
         def on_signal(*_: object) -> None:
@@ -190,7 +212,8 @@ class LocalExecutor:
                 self.sync()
             except Exception:
                 log.exception("sync failed; retrying")
-            time.sleep(interval)
+            self.wake.wait(interval)
+            self.wake.clear()
         for job in self.jobs.values():
             self.stop(job)
         self.pods.stop_all()
