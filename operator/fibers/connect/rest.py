@@ -7,12 +7,14 @@ outcome on a later read, never by the status code alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from fibers import metrics
 from fibers.redact import redact
@@ -76,51 +78,72 @@ class ConnectorView:
         )
 
 
+@dataclass(frozen=True)
+class Reply:
+    status_code: int
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body) if self.body else None
+
+
 class ConnectClient:
-    def __init__(
-        self, url: str, *, timeout: float = 15.0, parallel: int = 16, http: httpx.AsyncClient | None = None
-    ) -> None:
+    """One Connect cluster's REST API over aiohttp (cheaper per call than httpx: at 500 connectors the
+    operator makes thousands of calls in a burst, on the same cores as Connect)."""
+
+    def __init__(self, url: str, *, timeout: float = 15.0, parallel: int = 16) -> None:
         self.url = url.rstrip("/")
-        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
         # Connect serialises connector changes in its herder; more requests at once only queue there.
         self._gate = asyncio.Semaphore(parallel)
+        self._ungated = contextlib.nullcontext()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, *, gated: bool = True, params: Any = None, json: Any = None
+    ) -> Reply:
         metrics.CONNECT_CALLS.labels(redact(self.url, [])).inc()
         try:
-            async with self._gate:
+            async with self._gate if gated else self._ungated:
                 started = time.monotonic()
-                response = await self._http.request(method, f"{self.url}{path}", **kwargs)
+                # Without a body aiohttp would declare application/octet-stream, which Connect refuses (415).
+                skip = () if json is not None else ("Content-Type",)
+                async with self._http.request(
+                    method, f"{self.url}{path}", params=params, json=json, skip_auto_headers=skip
+                ) as response:
+                    reply = Reply(response.status, await response.read())
                 log.debug(
                     "connect call",
                     extra={
                         "method": method,
                         "path": path,
-                        "code": response.status_code,
+                        "code": reply.status_code,
                         "seconds": round(time.monotonic() - started, 3),
                     },
                 )
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise ConnectUnreachable(redact(f"cannot reach Kafka Connect at {self.url}: {exc!r}", [])) from None
-        if response.status_code >= 400:
+        if reply.status_code >= 400:
+            text = reply.body.decode(errors="replace")
             try:
-                message = response.json().get("message") or response.text
-            except ValueError:
-                message = response.text
-            raise ConnectError(response.status_code, message)
-        return response
+                message = (reply.json() or {}).get("message") or text
+            except (ValueError, AttributeError):
+                message = text
+            raise ConnectError(reply.status_code, message)
+        return reply
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
         """Every connector with its status (and config), in ONE call.
 
         Configs are optional because Connect builds them at a cost that grows with the square of
         the number of connectors (about 0.13 s of its CPU for 500), while statuses are cheap.
+        The listing does not queue behind calls waiting for the gate (a wave of creates): it is
+        what reports the connectors that already run.
         """
         params = [("expand", "status"), ("expand", "info")] if configs else [("expand", "status")]
-        response = await self._request("GET", "/connectors", params=params)
+        response = await self._request("GET", "/connectors", gated=False, params=params)
         return {name: ConnectorView.from_listing(name, entry) for name, entry in response.json().items()}
 
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:

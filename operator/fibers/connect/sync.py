@@ -71,6 +71,8 @@ class ConnectSync:
         self._last_sync: dict[str, float] = {}
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
         self._written: dict[tuple[str, str], float] = {}
+        self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
+        self._unsettled: dict[str, set[tuple[str, str]]] = defaultdict(set)  # per cluster, after their last reconcile
         self._wake = asyncio.Event()
 
     # ----- registration, from kopf handlers -------------------------------------------------------
@@ -117,7 +119,10 @@ class ConnectSync:
         """The resource is being deleted: delete its connector, but only one it owns."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         target = self.targets.pop((namespace, name), None)
-        status = dict(body.get("status") or {})
+        if in_flight := self._in_flight.get((namespace, name)):
+            # Let a create that is under way land first, so the DELETE below cannot precede it.
+            await asyncio.wait([in_flight])
+        status = {**(target.status if target else {}), **dict(body.get("status") or {})}
         owned = status.get("connectorName")
         cluster = status.get("cluster") or (target.spec.cluster if target and target.spec else None)
         if not owned or not cluster:
@@ -226,31 +231,66 @@ class ConnectSync:
             return
         if with_configs:
             self._configs_read[cluster] = now
-        # While connectors are converging, learn their topics quickly; at rest, only a few per sync.
-        converging = cluster in self._converging
-        refresh_budget = [self.settings.topic_refreshes_converging if converging else self.settings.topic_refreshes]
+        # While connectors are converging, learn their topics quickly; at rest, only a few per sync;
+        # none while earlier creates are still under way: Connect is busy enough with those.
+        if any(t.key in self._in_flight for t in targets):
+            refresh_budget = [0]
+        elif cluster in self._converging:
+            refresh_budget = [self.settings.topic_refreshes_converging]
+        else:
+            refresh_budget = [self.settings.topic_refreshes]
 
         # All resources at once: the client bounds the calls to Connect, so status writes of some
-        # resources overlap with Connect calls of others.
-        async def one(target: Target) -> bool:
+        # resources overlap with Connect calls of others. A resource still being reconciled from an
+        # earlier sync (a create waiting its turn in Connect's queue) is left to that reconcile.
+        started = [
+            self._start_reconcile(client, cluster, t, listing, refresh_budget)
+            for t in targets
+            if self.targets.get(t.key) is t and t.key not in self._in_flight
+        ]
+        # Waiting for slow creates would hold back the next listing, and with it the Ready status
+        # of connectors that already run: wait a little, and let the rest finish in the background.
+        if started:
+            await asyncio.wait(started, timeout=self.settings.fast_interval)
+        keys = {t.key for t in targets}
+        self._unsettled[cluster] &= keys  # deleted resources, or ones moved to another cluster, are not waited for
+        if not self._unsettled[cluster] and not keys & self._in_flight.keys():
+            if cluster in self._converging:
+                memory.release_free_memory()  # a burst is over: give its pages back
+            self._converging.discard(cluster)
+        else:
+            self._converging.add(cluster)
+
+    def _start_reconcile(
+        self,
+        client: ConnectClient,
+        cluster: str,
+        target: Target,
+        listing: dict[str, ConnectorView],
+        refresh_budget: list[int],
+    ) -> asyncio.Task[None]:
+        async def reconcile_one() -> None:
             try:
                 with metrics.reconciling(KIND):
-                    return await self._reconcile(client, target, listing, refresh_budget)
+                    settled = await self._reconcile(client, target, listing, refresh_budget)
             except Exception as exc:  # one resource's failure (e.g. a forbidden status write) spares the rest
                 log.warning(
                     "reconcile failed: %s",
                     redact(describe(exc), target.secrets),
                     extra={"namespace": target.namespace, "resource": target.name},
                 )
-                return False
+                settled = False
+            finally:
+                self._in_flight.pop(target.key, None)
+            if settled:
+                self._unsettled[cluster].discard(target.key)
+            else:
+                self._unsettled[cluster].add(target.key)
+                self._converging.add(cluster)
 
-        settled = await asyncio.gather(*(one(t) for t in targets if self.targets.get(t.key) is t))
-        if all(settled):
-            if cluster in self._converging:
-                memory.release_free_memory()  # a burst is over: give its pages back
-            self._converging.discard(cluster)
-        else:
-            self._converging.add(cluster)
+        task = asyncio.create_task(reconcile_one(), name=f"connect-reconcile-{target.namespace}/{target.name}")
+        self._in_flight[target.key] = task
+        return task
 
     def _unreachable_status(self, target: Target, message: str) -> dict[str, Any]:
         now = utcnow()
@@ -351,6 +391,7 @@ class ConnectSync:
                 await self._claim(target, now)
             await client.create(spec.connector, target.config, spec.connect_state)
             target.config_verified = True
+            target.topics_due = time.monotonic() + 2.0  # a connector reports topics once it has written
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
             self._event(target, "Created", f"created connector {spec.connector} ({spec.connect_state})")
         elif step is Step.UPDATE_CONFIG:
@@ -398,5 +439,8 @@ class ConnectSync:
                 self._event(target, after.get("reason", "NotReady"), after.get("message", ""), warning=True)
 
     async def aclose(self) -> None:
+        for task in self._in_flight.values():
+            task.cancel()
+        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
         for client in self.clients.values():
             await client.aclose()
