@@ -237,7 +237,6 @@ def operator_run(
         **info.env(),
         "FIBERS_CONNECT_URL": proxy_url,
         "FIBERS_CONNECT_SYNC_INTERVAL": str(interval),
-        "FIBERS_CONNECT_FAST_INTERVAL": "1",
     }
     log = open(workdir / f"operator-{n}.log", "wb")  # noqa: SIM115
     op = subprocess.Popen([sys.executable, "-m", "fibers", "run", "-n", namespace], stdout=log, stderr=log, env=env)

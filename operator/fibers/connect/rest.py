@@ -147,9 +147,16 @@ class ConnectClient:
         return {name: ConnectorView.from_listing(name, entry) for name, entry in response.json().items()}
 
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:
-        await self._request(
-            "POST", "/connectors", json={"name": name, "config": config, "initial_state": initial_state}
-        )
+        """Create the connector directly in its desired state.
+
+        RUNNING is Connect's default and is not sent: an explicit initial state adds a target-state
+        record to the config topic, which every worker then processes, and the herder of the
+        leader makes creates one at a time.
+        """
+        body: dict[str, Any] = {"name": name, "config": config}
+        if initial_state != "RUNNING":
+            body["initial_state"] = initial_state
+        await self._request("POST", "/connectors", json=body)
 
     async def put_config(self, name: str, config: dict[str, str]) -> None:
         await self._request("PUT", f"/connectors/{name}/config", json=config)

@@ -56,7 +56,7 @@ FAILURE_REASONS = frozenset(
 @dataclass
 class SyncSettings:
     interval: float = 10.0  # at rest: one listing per cluster per interval
-    fast_interval: float = 1.0  # while some connector is converging
+    fast_interval: float = 0.5  # while some connector is converging (a status-only listing is cheap)
     status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
     parallel_calls: int = 16  # concurrent calls to one Connect cluster
     topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
