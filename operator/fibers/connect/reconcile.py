@@ -46,6 +46,7 @@ class Target:
     unassigned_since: datetime | None = None
     config_verified: bool = False  # Connect is known to hold `config` (seen in a listing, or we wrote it)
     topics_due: float = 0.0  # monotonic time before which an empty topic list is not asked again
+    created_at: float = 0.0  # monotonic time of our last successful create
     topic_checks: int = 0
 
     @property

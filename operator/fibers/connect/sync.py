@@ -36,6 +36,9 @@ TOPIC_FAST_ASKS = 4  # asks for a new connector's topics made at the fast pace (
 # and failures are written at once. A wave of 500 creates spared ~300 status writes this way.
 STARTUP_REASONS = frozenset({"Creating", "Starting"})
 STARTUP_STATUS_EVERY = 3.0
+# A connector is not created again this soon after our create succeeded: Connect's listing shows a
+# new connector only after its herder has caught up, and a second POST would only queue a 409 there.
+CREATE_SETTLE = 10.0
 
 # Ready=False reasons worth a Warning event (the others are progress: Creating, Starting, …).
 FAILURE_REASONS = frozenset(
@@ -76,6 +79,7 @@ class ConnectSync:
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
         self._written: dict[tuple[str, str], float] = {}
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
+        self._finished_at: dict[tuple[str, str], float] = {}  # when each resource's last reconcile ended
         self._unsettled: dict[str, set[tuple[str, str]]] = defaultdict(set)  # per cluster, after their last reconcile
         self._wake = asyncio.Event()
 
@@ -96,6 +100,7 @@ class ConnectSync:
             paused=annotations.get(ANNOTATION_PAUSED) == "true",
             restart_requested=ANNOTATION_RESTART in annotations,
             unassigned_since=previous.unassigned_since if previous else None,
+            created_at=previous.created_at if previous else 0.0,
         )
         try:
             target.spec = parse(dict(body.get("spec") or {}), name, self.settings.default_cluster)
@@ -123,6 +128,8 @@ class ConnectSync:
         """The resource is being deleted: delete its connector, but only one it owns."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         target = self.targets.pop((namespace, name), None)
+        self._written.pop((namespace, name), None)
+        self._finished_at.pop((namespace, name), None)
         if in_flight := self._in_flight.get((namespace, name)):
             # Let a create that is under way land first, so the DELETE below cannot precede it.
             await asyncio.wait([in_flight])
@@ -219,6 +226,7 @@ class ConnectSync:
         # Configs are read once per interval, and when an existing connector's config is not known
         # to match its spec (a changed spec); connectors being created or starting need statuses only.
         with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval
+        listed_at = time.monotonic()
         try:
             listing = await client.list_expanded(configs=with_configs)
             if not with_configs and any(
@@ -247,10 +255,14 @@ class ConnectSync:
         # All resources at once: the client bounds the calls to Connect, so status writes of some
         # resources overlap with Connect calls of others. A resource still being reconciled from an
         # earlier sync (a create waiting its turn in Connect's queue) is left to that reconcile.
+        # A resource whose reconcile ended while the listing was under way (a create that just
+        # landed) waits for the next listing: this one may not show what that reconcile did.
         started = [
             self._start_reconcile(client, cluster, t, listing, refresh_budget)
             for t in targets
-            if self.targets.get(t.key) is t and t.key not in self._in_flight
+            if self.targets.get(t.key) is t
+            and t.key not in self._in_flight
+            and self._finished_at.get(t.key, 0.0) < listed_at
         ]
         # Waiting for slow creates would hold back the next listing, and with it the Ready status
         # of connectors that already run: wait a little, and let the rest finish in the background.
@@ -286,6 +298,7 @@ class ConnectSync:
                 settled = False
             finally:
                 self._in_flight.pop(target.key, None)
+                self._finished_at[target.key] = time.monotonic()
             if settled:
                 self._unsettled[cluster].discard(target.key)
             else:
@@ -325,6 +338,8 @@ class ConnectSync:
             target.config_verified = observed.config == target.config
         now = utcnow()
         steps = reconcile.decide(target, observed, now)
+        if Step.CREATE in steps and time.monotonic() - target.created_at < CREATE_SETTLE:
+            steps = []  # created moments ago: Connect lists a connector once its herder has caught up
         outcome = Outcome()
         for step in steps:
             try:
@@ -395,7 +410,8 @@ class ConnectSync:
                 await self._claim(target, now)
             await client.create(spec.connector, target.config, spec.connect_state)
             target.config_verified = True
-            target.topics_due = time.monotonic() + 2.0  # a connector reports topics once it has written
+            target.created_at = time.monotonic()
+            target.topics_due = target.created_at + 2.0  # a connector reports topics once it has written
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
             self._event(target, "Created", f"created connector {spec.connector} ({spec.connect_state})")
         elif step is Step.UPDATE_CONFIG:
