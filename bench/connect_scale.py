@@ -318,7 +318,9 @@ def delete_topics(bootstrap: str, prefix: str) -> None:
     it every later phase and run."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
-    for future in admin.delete_topics(topics, operation_timeout=120).values() if topics else ():
+    if not topics:
+        return
+    for future in admin.delete_topics(topics, operation_timeout=120).values():
         future.result()
 
 

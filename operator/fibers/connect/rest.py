@@ -96,7 +96,6 @@ class ConnectClient:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
         # Connect serialises connector changes in its herder; more requests at once only queue there.
         self._gate = asyncio.Semaphore(parallel)
-        self._ungated = contextlib.nullcontext()
 
     async def aclose(self) -> None:
         await self._http.close()
@@ -106,7 +105,7 @@ class ConnectClient:
     ) -> Reply:
         metrics.CONNECT_CALLS.labels(redact(self.url, [])).inc()
         try:
-            async with self._gate if gated else self._ungated:
+            async with self._gate if gated else contextlib.nullcontext():
                 started = time.monotonic()
                 # Without a body aiohttp would declare application/octet-stream, which Connect refuses (415).
                 skip = () if json is not None else ("Content-Type",)

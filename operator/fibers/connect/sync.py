@@ -226,7 +226,6 @@ class ConnectSync:
         # Configs are read once per interval, and when an existing connector's config is not known
         # to match its spec (a changed spec); connectors being created or starting need statuses only.
         with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval
-        listed_at = time.monotonic()
         try:
             listing = await client.list_expanded(configs=with_configs)
             if not with_configs and any(
@@ -262,7 +261,7 @@ class ConnectSync:
             for t in targets
             if self.targets.get(t.key) is t
             and t.key not in self._in_flight
-            and self._finished_at.get(t.key, 0.0) < listed_at
+            and self._finished_at.get(t.key, 0.0) < now  # `now`: just before the listing was asked for
         ]
         # Waiting for slow creates would hold back the next listing, and with it the Ready status
         # of connectors that already run: wait a little, and let the rest finish in the background.
