@@ -60,6 +60,7 @@ class Resources:
         from kubernetes import client
 
         self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
         self.plural, self.namespace = plural, namespace
         self.kind = {"connects": "Connect", "transforms": "Transform", "databusconsumers": "DatabusConsumer"}[plural]
 
@@ -116,6 +117,16 @@ class Resources:
             return cond if ok else None
 
         return wait_for(probe, timeout=timeout, what=f"{self.kind} {name} {type_}={status} {reason or ''}")
+
+    def wait_event(self, name: str, reason: str, *, timeout: float = 60) -> dict[str, Any]:
+        """The first Kubernetes Event with this reason about the named object."""
+
+        def probe() -> dict[str, Any] | None:
+            events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
+            found = [e for e in events.items if e.reason == reason]
+            return {"message": found[0].message, "type": found[0].type} if found else None
+
+        return wait_for(probe, timeout=timeout, what=f"a {reason} event about {self.kind} {name}")
 
     def wait_status(
         self, name: str, check: Callable[[dict[str, Any]], bool], *, timeout: float = 60, what: str = ""

@@ -6,7 +6,11 @@ GROUP = "fibers.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-FINALIZER = "fibers.dev/finalizer"
+FINALIZER = "fibers.dev/finalizer"  # kopf's, on Transforms and DatabusConsumers
+# Connect manages its own: the finalizer and the claim on the connector name arrive in one patch,
+# written just before the connector is created (see fibers.connect.sync).
+CONNECT_FINALIZER = "fibers.dev/delete-connector"
+ANNOTATION_OWNED_CONNECTOR = "fibers.dev/owned-connector"
 ANNOTATION_PAUSED = "fibers.dev/paused-reconciliation"
 ANNOTATION_RESTART = "fibers.dev/restart"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import socket
@@ -42,6 +43,38 @@ def describe(exc: BaseException) -> str:
             message = exc.reason
         return f"{exc.status} {exc.reason}: {message}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _pointer(key: str) -> str:
+    """A map key as a JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def additions(meta: dict[str, Any], finalizer: str, annotations: dict[str, str]) -> list[dict[str, Any]]:
+    """JSON patch operations adding a finalizer and annotations to an object whose metadata was `meta`.
+
+    An existing list or map is added to in place; an absent one is created only while it is still
+    absent (a test for null), so nothing another client added meanwhile is overwritten.
+    """
+    ops: list[dict[str, Any]] = []
+    if meta.get("finalizers"):
+        if finalizer not in meta["finalizers"]:
+            ops.append({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
+    else:
+        ops += [
+            {"op": "test", "path": "/metadata/finalizers", "value": None},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+        ]
+    if meta.get("annotations"):
+        ops += [
+            {"op": "add", "path": f"/metadata/annotations/{_pointer(k)}", "value": v} for k, v in annotations.items()
+        ]
+    elif annotations:
+        ops += [
+            {"op": "test", "path": "/metadata/annotations", "value": None},
+            {"op": "add", "path": "/metadata/annotations", "value": dict(annotations)},
+        ]
+    return ops
 
 
 class SecretMissing(LookupError):
@@ -135,12 +168,51 @@ class Kube:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def remove_annotation(self, plural: str, namespace: str, name: str, annotation: str) -> None:
-        patch = {"metadata": {"annotations": {annotation: None}}}
+    async def patch_object(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any] | list[dict[str, Any]]
+    ) -> bool:
+        """Patch a fibers.dev object (not its status): a dict is a merge patch, a list a JSON patch.
+
+        False when the object is gone.
+        """
+        content_type = "application/json-patch+json" if isinstance(patch, list) else "application/merge-patch+json"
         try:
             await asyncio.to_thread(
-                self.custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, plural, name, patch
+                functools.partial(self.custom.patch_namespaced_custom_object, _content_type=content_type),
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
             )
         except ApiException as exc:
-            if exc.status != 404:
-                raise
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def remove_finalizer(self, plural: str, namespace: str, name: str, finalizer: str) -> None:
+        """Remove one finalizer, by position and only if it is still there, so no other is touched."""
+        for _ in range(5):
+            body = await self.get_object(plural, namespace, name)
+            finalizers = (body or {}).get("metadata", {}).get("finalizers") or []
+            if finalizer not in finalizers:
+                return
+            index = finalizers.index(finalizer)
+            path = f"/metadata/finalizers/{index}"
+            try:
+                await self.patch_object(
+                    plural,
+                    namespace,
+                    name,
+                    [{"op": "test", "path": path, "value": finalizer}, {"op": "remove", "path": path}],
+                )
+                return
+            except ApiException as exc:
+                if exc.status not in (409, 422):  # the list changed under us: read it again
+                    raise
+        raise RuntimeError(f"finalizers of {plural}/{namespace}/{name} keep changing")
+
+    async def remove_annotation(self, plural: str, namespace: str, name: str, annotation: str) -> None:
+        await self.patch_object(plural, namespace, name, {"metadata": {"annotations": {annotation: None}}})

@@ -16,6 +16,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from fibers import stack
+from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import parse_time
 from fibers.stack import StackInfo
 from tests.helpers import Resources, read_topic, wait_for
@@ -68,7 +69,11 @@ def test_create_runs_the_connector_and_reports_it(
     assert status["connectorState"] == "RUNNING"
     assert status["tasksReady"] == "1/1"
     assert status["tasks"][0]["state"] == "RUNNING"
-    assert status["observedGeneration"] == connects.get(unique)["metadata"]["generation"]
+    meta = connects.get(unique)["metadata"]
+    assert status["observedGeneration"] == meta["generation"]
+    # The claim on the connector name and the finalizer that deletes it, both written before the create.
+    assert meta["finalizers"] == [CONNECT_FINALIZER]
+    assert meta["annotations"][ANNOTATION_OWNED_CONNECTOR] == unique
     assert live_config(connect_http, unique)["connector.class"] == "FileStreamSource"
     assert [json.loads(v) for v in read_topic(stack_info.kafka_bootstrap, unique, 3)] == [
         f"record {i}" for i in range(3)
@@ -303,18 +308,27 @@ def test_connector_name_cannot_change(connects: Resources, source_file: Path, un
 def test_connect_down_is_reported_and_recovered(
     connects: Resources, connect_http: httpx.Client, source_file: Path, unique: str, stack_info: StackInfo
 ) -> None:
-    connects.create(unique, source_spec(source_file, unique))
-    connects.wait_condition(unique, "True")
+    """Also: a resource deleted while Connect is down stays until its connector could be deleted."""
+    doomed = f"{unique}-doomed"
+    for name in (unique, doomed):
+        connects.create(name, source_spec(source_file, name))
+    for name in (unique, doomed):
+        connects.wait_condition(name, "True")
     stack.stop_component("kafka-connect")
     try:
         cond = connects.wait_condition(unique, "False", "ConnectUnreachable", timeout=60)
         assert stack_info.connect_url in cond["message"]
         assert connects.status(unique)["phase"] == "Unknown"
+        connects.delete(doomed)
+        connects.wait_event(doomed, "DeleteFailed", timeout=60)
+        assert connects.exists(doomed)  # held by the finalizer: deleting it now would orphan the connector
     finally:
         stack.start_component(
             "kafka-connect", lambda: httpx.get(f"{stack_info.connect_url}/connectors", timeout=2).status_code == 200
         )
     connects.wait_condition(unique, "True", "Running", timeout=120)
+    wait_for(lambda: not connects.exists(doomed), timeout=60, what="resource released once its connector is gone")
+    assert live_state(connect_http, doomed) == "ABSENT"
 
 
 def test_operator_killed_mid_reconcile_converges_to_one_connector_each(
@@ -323,7 +337,7 @@ def test_operator_killed_mid_reconcile_converges_to_one_connector_each(
     names = [f"{unique}-{i}" for i in range(8)]
     for name in names:
         connects.create(name, source_spec(source_file, name))
-    wait_for(lambda: any(connects.status(n).get("connectorName") for n in names), timeout=30, what="first claim")
+    wait_for(lambda: any(connects.get(n)["metadata"].get("finalizers") for n in names), timeout=30, what="first claim")
     os.kill(operator.pid, signal.SIGKILL)
     operator.proc.wait()  # type: ignore[union-attr]
     operator.start()

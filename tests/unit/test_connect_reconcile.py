@@ -38,7 +38,6 @@ def _target(*, owned: bool = True, status: dict[str, Any] | None = None, **spec_
         "orders",
         None,
     )
-    initial: dict[str, Any] = {"connectorName": spec.connector, "cluster": spec.cluster} if owned else {}
     return Target(
         namespace="ns1",
         name="orders",
@@ -47,7 +46,8 @@ def _target(*, owned: bool = True, status: dict[str, Any] | None = None, **spec_
         spec=spec,
         config=spec.full_config({"db.password": SECRET}),
         secrets=(SECRET,),
-        status={**initial, **(status or {})},
+        status=dict(status or {}),
+        claimed=owned,
     )
 
 
@@ -117,8 +117,9 @@ def test_someone_elses_connector_is_not_touched() -> None:
     assert "autoRestart" not in status
 
 
-def test_connector_owned_under_another_name_is_not_touched() -> None:
-    target = _target(status={"connectorName": "someone-else"})
+def test_connector_reported_in_status_but_not_claimed_is_not_touched() -> None:
+    """Ownership is the claim on the resource, not a name in its status (anyone may write status)."""
+    target = _target(owned=False, status={"connectorName": "orders"})
     assert not target.owned
     assert decide(target, _view(target, config={}), NOW) == []
 

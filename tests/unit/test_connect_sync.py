@@ -1,14 +1,19 @@
-"""ConnectSync's create path, with the Kubernetes and Connect clients replaced by small recorders.
+"""ConnectSync's own bookkeeping, with the Kubernetes and Connect clients replaced by small recorders.
 
-Connect lists a new connector only once its herder has caught up, so a listing taken right after our
-create may still lack it; the sync must not create the connector a second time.
+- Connect lists a new connector only once its herder has caught up, so a listing taken right after our
+  create may still lack it; the sync must not create the connector a second time.
+- Every watch event reaches the sync, our own status writes included: only a change it acts on may
+  cost work (a Secret read), and an event older than our claim must not make us forget the claim.
+- Deletion deletes only a connector the resource claimed, and releases the resource only after.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
+from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.connect.rest import ConnectorView
 from fibers.connect.sync import ConnectSync, SyncSettings
 
@@ -16,15 +21,29 @@ CLUSTER = "http://connect:8083"
 
 
 class RecordingKube:
-    """Stands in for fibers.kube.Kube: keeps the last status written per resource."""
+    """Stands in for fibers.kube.Kube: records writes, keeps each resource's metadata."""
 
     def __init__(self) -> None:
         self.statuses: dict[str, dict[str, Any]] = {}
+        self.patches: list[list[dict[str, Any]]] = []
+        self.released: list[str] = []
+        self.secret_reads = 0
 
     async def replace_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any]
     ) -> None:
         self.statuses[name] = status
+
+    async def patch_object(self, plural: str, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+        self.patches.append(patch)
+        return True
+
+    async def remove_finalizer(self, plural: str, namespace: str, name: str, finalizer: str) -> None:
+        self.released.append(name)
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str:
+        self.secret_reads += 1
+        return "s3cr3t"
 
     def post_event_soon(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -35,6 +54,7 @@ class LaggingConnect:
 
     def __init__(self) -> None:
         self.creates: list[str] = []
+        self.deletes: list[str] = []
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
         return {}
@@ -42,27 +62,104 @@ class LaggingConnect:
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:
         self.creates.append(name)
 
+    async def delete(self, name: str) -> None:
+        self.deletes.append(name)
 
-def _body(name: str) -> dict[str, Any]:
+    async def exists(self, name: str) -> bool:
+        return False
+
+
+def _body(name: str, **meta: Any) -> dict[str, Any]:
     return {
-        "metadata": {"namespace": "shop", "name": name, "uid": f"uid-{name}", "generation": 1},
-        "spec": {"cluster": CLUSTER, "class": "FileStreamSource", "config": {"file": "/tmp/in", "topic": "t"}},
+        "metadata": {"namespace": "shop", "name": name, "uid": f"uid-{name}", "generation": 1, **meta},
+        "spec": {
+            "cluster": CLUSTER,
+            "class": "FileStreamSource",
+            "config": {"file": "/tmp/in", "topic": "t"},
+            "secretConfig": {"password": {"secretKeyRef": {"name": "db", "key": "password"}}},
+        },
     }
 
 
-def test_a_connector_just_created_is_not_created_again_while_the_listing_lags() -> None:
-    async def scenario() -> tuple[list[str], dict[str, Any]]:
-        kube, connect = RecordingKube(), LaggingConnect()
-        sync = ConnectSync(kube, SyncSettings(fast_interval=0.05))  # type: ignore[arg-type]
-        sync.clients[CLUSTER] = connect  # type: ignore[assignment]
-        await sync.apply(_body("orders"))  # type: ignore[arg-type]
-        targets = list(sync.targets.values())
-        for _ in range(3):  # three syncs, none of whose listings shows the new connector
-            await sync._sync_cluster(CLUSTER, targets)
-            await asyncio.gather(*sync._in_flight.values())
-        return connect.creates, kube.statuses["orders"]
+def _sync() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
+    kube, connect = RecordingKube(), LaggingConnect()
+    sync = ConnectSync(kube, SyncSettings(fast_interval=0.05))  # type: ignore[arg-type]
+    sync.clients[CLUSTER] = connect  # type: ignore[assignment]
+    return sync, kube, connect
 
-    creates, status = asyncio.run(scenario())
-    assert creates == ["orders"]
-    assert status["connectorName"] == "orders"  # claimed before the create
-    assert status["phase"] == "Pending"
+
+async def _sync_once(sync: ConnectSync) -> None:
+    await sync._sync_cluster(CLUSTER, list(sync.targets.values()))
+    await asyncio.gather(*sync._in_flight.values())
+
+
+def test_a_connector_just_created_is_not_created_again_while_the_listing_lags() -> None:
+    async def scenario() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync()
+        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
+        for _ in range(3):  # three syncs, none of whose listings shows the new connector
+            await _sync_once(sync)
+        return sync, kube, connect
+
+    sync, kube, connect = asyncio.run(scenario())
+    assert connect.creates == ["orders"]
+    assert len(kube.patches) == 1  # one claim, written before the create
+    (claim,) = kube.patches
+    assert {"op": "add", "path": "/metadata/finalizers", "value": [CONNECT_FINALIZER]} in claim
+    assert {"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION_OWNED_CONNECTOR: "orders"}} in claim
+    assert sync.targets["shop", "orders"].owned
+
+
+def test_events_that_change_nothing_the_sync_acts_on_cost_no_work() -> None:
+    async def scenario() -> tuple[RecordingKube, int]:
+        sync, kube, _ = _sync()
+        body = _body("orders")
+        await sync.observe("ADDED", body)  # type: ignore[arg-type]
+        reads_after_add = kube.secret_reads
+        await sync.observe("MODIFIED", {**body, "status": {"phase": "Running"}})  # type: ignore[arg-type]
+        await sync.observe("MODIFIED", _body("orders", labels={"team": "shop"}))  # type: ignore[arg-type]
+        assert kube.secret_reads == reads_after_add
+        await sync.observe("MODIFIED", _body("orders", generation=2))  # type: ignore[arg-type]
+        return kube, reads_after_add
+
+    kube, reads_after_add = asyncio.run(scenario())
+    assert reads_after_add == 1
+    assert kube.secret_reads == 2  # the spec changed: its Secrets are read again
+
+
+def test_an_event_older_than_our_claim_does_not_lose_it() -> None:
+    async def scenario() -> ConnectSync:
+        sync, _, _ = _sync()
+        await sync.observe("ADDED", _body("orders"))  # type: ignore[arg-type]
+        await _sync_once(sync)  # claims and creates
+        # An edit made before the claim landed arrives after it: no claim annotation in it.
+        await sync.observe("MODIFIED", _body("orders", generation=2))  # type: ignore[arg-type]
+        return sync
+
+    sync = asyncio.run(scenario())
+    assert sync.targets["shop", "orders"].owned
+
+
+def test_deletion_deletes_only_a_claimed_connector_then_releases_the_resource() -> None:
+    async def scenario() -> tuple[RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync()
+        claimed = _body(
+            "mine",
+            finalizers=[CONNECT_FINALIZER],
+            annotations={ANNOTATION_OWNED_CONNECTOR: "mine"},
+            deletionTimestamp="2026-11-22T08:00:00Z",
+        )
+        # Someone else's connector of the same name: this resource never claimed it.
+        foreign = _body("theirs", finalizers=["example.com/other"], deletionTimestamp="2026-11-22T08:00:00Z")
+        for body in (claimed, foreign):
+            await sync.observe("MODIFIED", copy.deepcopy(body))  # type: ignore[arg-type]
+        sync._start_deletions()
+        await asyncio.gather(*sync._deletions.values())
+        await sync.observe("DELETED", claimed)  # type: ignore[arg-type]
+        assert ("shop", "mine") not in sync.targets
+        return kube, connect
+
+    kube, connect = asyncio.run(scenario())
+    assert connect.deletes == ["mine"]
+    assert kube.released == ["mine"]
+    assert connect.creates == []  # nothing is created for a resource being deleted

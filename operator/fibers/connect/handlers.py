@@ -1,4 +1,4 @@
-"""kopf handlers for Connect: thin, they only tell the reconciler what changed."""
+"""kopf handler for Connect: thin, it only passes each watch event to the sync loop."""
 
 from __future__ import annotations
 
@@ -11,18 +11,8 @@ from fibers.connect.spec import PLURAL
 from fibers.connect.sync import ConnectSync
 
 
-def _sync(memo: Any) -> ConnectSync:
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def connect_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Creations, changes, deletions and the listing at start-up alike: the loop is level-triggered."""
     sync: ConnectSync = memo.connect
-    return sync
-
-
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-async def connect_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _sync(memo).apply(body)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def connect_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _sync(memo).forget(body)
+    await sync.observe(event.get("type"), body)

@@ -48,6 +48,10 @@ class Target:
     topics_due: float = 0.0  # monotonic time before which an empty topic list is not asked again
     created_at: float = 0.0  # monotonic time of our last successful create
     topic_checks: int = 0
+    claimed: bool = False  # the resource carries our claim on its connector name (we create it, we delete it)
+    meta: dict[str, Any] = field(default_factory=dict)  # the resource's metadata as last seen
+    deleting: bool = False  # the resource is marked for deletion
+    first_seen: float = 0.0  # monotonic time the operator first saw the resource
 
     @property
     def key(self) -> tuple[str, str]:
@@ -55,7 +59,11 @@ class Target:
 
     @property
     def owned(self) -> bool:
-        return bool(self.spec and self.status.get("connectorName") == self.spec.connector)
+        return bool(self.spec and self.claimed)
+
+    @property
+    def finalizers(self) -> list[str]:
+        return list(self.meta.get("finalizers") or [])
 
     @property
     def restarts(self) -> int:
@@ -281,8 +289,8 @@ def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now
     if spec is None:
         return status
     status["cluster"] = redact(spec.cluster, ())
-    if target.status.get("connectorName"):
-        status["connectorName"] = target.status["connectorName"]
+    if target.owned:
+        status["connectorName"] = spec.connector
     if (Step.CREATE in outcome.done or Step.RESTART in outcome.done) and spec.restart_nonce:
         status["lastRestartNonce"] = spec.restart_nonce
     elif target.status.get("lastRestartNonce"):

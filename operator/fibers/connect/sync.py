@@ -1,6 +1,6 @@
 """The Connect reconciler: one loop per operator, one listing call per Connect cluster per interval.
 
-kopf handlers only register what each resource wants (`apply`, `forget`). This loop reads every
+kopf passes every watch event on (`observe`); the loop does the rest, deletions included. It reads every
 connector of a cluster with ONE `GET /connectors?expand=status&expand=info`, decides per resource
 what to change (see `reconcile.decide`), makes only those calls, and writes a status only when
 it changed. While anything is converging it polls at the fast interval; at rest it makes one call
@@ -14,26 +14,32 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import kopf
 
 from fibers import conditions, memory, metrics
-from fibers.api import ANNOTATION_PAUSED, ANNOTATION_RESTART, object_ref
+from fibers.api import (
+    ANNOTATION_OWNED_CONNECTOR,
+    ANNOTATION_PAUSED,
+    ANNOTATION_RESTART,
+    CONNECT_FINALIZER,
+    FINALIZER,
+    object_ref,
+)
 from fibers.conditions import READY, Condition, utcnow
 from fibers.connect import reconcile
 from fibers.connect.reconcile import Outcome, Step, Target
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.spec import KIND, PLURAL, SpecError, parse
-from fibers.kube import Kube, SecretMissing, describe
+from fibers.kube import Kube, SecretMissing, additions, describe
 from fibers.redact import redact
 
 log = logging.getLogger("fibers.connect")
 TOPICS_RECHECK = 60.0  # seconds before asking Connect again for a connector that reported no topics
 TOPIC_FAST_ASKS = 4  # asks for a new connector's topics made at the fast pace (after 2, 4, 8, 16 s)
-# A new connector's progress (Creating → Starting, task counts) is written at most this often; Ready
-# and failures are written at once. A wave of 500 creates spared ~300 status writes this way.
+# A new resource's first status and its progress (Creating → Starting, task counts) are written at
+# most this often; Ready and failures at once. A wave of 500 creates spared ~300 status writes this way.
 STARTUP_REASONS = frozenset({"Creating", "Starting"})
 STARTUP_STATUS_EVERY = 3.0
 # A connector is not created again this soon after our create succeeded: Connect's listing shows a
@@ -52,8 +58,25 @@ FAILURE_REASONS = frozenset(
         "AutoRestartExhausted",
         "InvalidSpec",
         "SecretNotFound",
+        "SecretUnreadable",
     }
 )
+SECRET_REASONS = frozenset({"SecretNotFound", "SecretUnreadable"})  # re-read while they last
+DELETE_RETRY = 10.0  # seconds between attempts to delete a connector Connect would not delete
+
+
+def _fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a resource's metadata the sync acts on; any other change (our own status writes,
+    labels) needs no new look at the spec."""
+    annotations = meta.get("annotations") or {}
+    return (
+        meta["uid"],
+        meta.get("generation"),
+        annotations.get(ANNOTATION_PAUSED),
+        ANNOTATION_RESTART in annotations,
+        annotations.get(ANNOTATION_OWNED_CONNECTOR),
+        bool(meta.get("deletionTimestamp")),
+    )
 
 
 @dataclass
@@ -81,34 +104,72 @@ class ConnectSync:
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
         self._finished_at: dict[tuple[str, str], float] = {}  # when each resource's last reconcile ended
         self._unsettled: dict[str, set[tuple[str, str]]] = defaultdict(set)  # per cluster, after their last reconcile
+        self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}  # what of each resource's metadata we acted on
+        self._deletions: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
 
-    # ----- registration, from kopf handlers -------------------------------------------------------
+    # ----- registration, from kopf's watch ---------------------------------------------------------
+
+    async def observe(self, event_type: str | None, body: kopf.Body) -> None:
+        """Every watch event of a Connect resource (kopf.on.event): register, re-read, or delete.
+
+        kopf's change-detecting handlers would cost two API writes per new resource (its finalizer,
+        then its diff-base annotation) and an event round trip before the first call to Connect.
+        The sync loop is level-triggered, so the generation and a few annotations say enough.
+        """
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if event_type == "DELETED":
+            self._drop(key)
+            return
+        previous = self.targets.get(key)
+        if previous and previous.uid == meta["uid"] and self._seen.get(key) == _fingerprint(meta):
+            previous.meta = dict(meta)  # finalizers and annotations as they are now, for the claim's patch
+        else:
+            await self.apply(body)
+        if meta.get("deletionTimestamp"):
+            self.targets[key].deleting = True
+            self._wake.set()
 
     async def apply(self, body: kopf.Body) -> None:
         """Record what one resource wants and wake the loop; no call to Connect here."""
         meta, namespace, name = body["metadata"], body["metadata"]["namespace"], body["metadata"]["name"]
         annotations = meta.get("annotations") or {}
         previous = self.targets.get((namespace, name))
+        if previous and previous.uid != meta["uid"]:
+            previous = None  # deleted and created again while we were not watching
+        status = previous.status if previous else dict(body.get("status") or {})
         target = Target(
             namespace=namespace,
             name=name,
             uid=meta["uid"],
             generation=int(meta.get("generation", 0)),
             spec=None,
-            status=previous.status if previous else dict(body.get("status") or {}),
+            status=status,
             paused=annotations.get(ANNOTATION_PAUSED) == "true",
             restart_requested=ANNOTATION_RESTART in annotations,
             unassigned_since=previous.unassigned_since if previous else None,
             created_at=previous.created_at if previous else 0.0,
+            meta=dict(meta),
+            first_seen=previous.first_seen if previous else time.monotonic(),
         )
         try:
             target.spec = parse(dict(body.get("spec") or {}), name, self.settings.default_cluster)
             await self._resolve_secrets(target)
         except SpecError as exc:
             target.problem = Condition(READY, False, "InvalidSpec", str(exc))
+        if target.spec:
+            # Ours: the claim we wrote (a watch event may predate it, so what we know counts too), or
+            # one from before the operator kept its own finalizer (kopf's, with the name in status).
+            legacy = FINALIZER in target.finalizers and status.get("connectorName") == target.spec.connector
+            target.claimed = bool(
+                (previous and previous.claimed)
+                or annotations.get(ANNOTATION_OWNED_CONNECTOR) == target.spec.connector
+                or legacy
+            )
         target.config_verified = bool(previous and previous.config_verified and previous.config == target.config)
         self.targets[target.key] = target
+        self._seen[target.key] = _fingerprint(meta)
         self.nudge(target)
 
     async def _resolve_secrets(self, target: Target) -> None:
@@ -120,37 +181,59 @@ class ConnectSync:
         except SecretMissing as exc:
             target.problem = Condition(READY, False, "SecretNotFound", f"{exc}; create it and the connector follows")
             return
+        except Exception as exc:  # e.g. forbidden, or the API server busy: reported, and read again
+            target.problem = Condition(READY, False, "SecretUnreadable", f"cannot read a Secret: {describe(exc)}")
+            return
         target.problem = None
         target.secrets = tuple(values.values())
         target.config = target.spec.full_config(values)
 
-    async def forget(self, body: kopf.Body) -> None:
-        """The resource is being deleted: delete its connector, but only one it owns."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        target = self.targets.pop((namespace, name), None)
-        self._written.pop((namespace, name), None)
-        self._finished_at.pop((namespace, name), None)
-        if in_flight := self._in_flight.get((namespace, name)):
-            # Let a create that is under way land first, so the DELETE below cannot precede it.
-            await asyncio.wait([in_flight])
-        status = {**(target.status if target else {}), **dict(body.get("status") or {})}
-        owned = status.get("connectorName")
-        cluster = status.get("cluster") or (target.spec.cluster if target and target.spec else None)
-        if not owned or not cluster:
-            log.info("nothing to delete on Kafka Connect", extra={"namespace": namespace, "resource": name})
-            return
-        client = self._client(cluster)
-        try:
-            await client.delete(owned)
-            deadline = time.monotonic() + 30
-            while await client.exists(owned):
-                if time.monotonic() > deadline:
-                    raise kopf.TemporaryError(f"connector {owned} still present after DELETE", delay=5)
-                await asyncio.sleep(0.5)
-        except (ConnectUnreachable, ConnectError) as exc:
-            # Keep the finalizer: deleting the resource without its connector would orphan it.
-            raise kopf.TemporaryError(f"cannot delete connector {owned}: {exc}", delay=10) from None
-        log.info("connector deleted", extra={"namespace": namespace, "resource": name, "connector": owned})
+    def _drop(self, key: tuple[str, str]) -> None:
+        """The resource is gone from Kubernetes: forget it."""
+        self.targets.pop(key, None)
+        self._seen.pop(key, None)
+        self._written.pop(key, None)
+        self._finished_at.pop(key, None)
+        if deletion := self._deletions.pop(key, None):
+            deletion.cancel()
+
+    async def _delete(self, target: Target) -> None:
+        """Delete the connector this resource created, then release the resource to Kubernetes.
+
+        Until the connector is confirmed gone the finalizer stays: deleting the resource without its
+        connector would orphan it. A connector this resource did not create is never deleted.
+        """
+        ctx = {"namespace": target.namespace, "resource": target.name}
+        if in_flight := self._in_flight.get(target.key):
+            await asyncio.wait([in_flight])  # a create under way lands first, so the DELETE cannot precede it
+        reported = ""
+        while True:
+            try:
+                if target.owned:
+                    assert target.spec is not None
+                    await self._delete_connector(self._client(target.spec.cluster), target.spec.connector)
+                    log.info("connector deleted", extra={**ctx, "connector": target.spec.connector})
+                if CONNECT_FINALIZER in target.finalizers:
+                    await self.kube.remove_finalizer(PLURAL, target.namespace, target.name, CONNECT_FINALIZER)
+                return
+            except Exception as exc:
+                message = redact(describe(exc), target.secrets)
+                log.warning("cannot delete the connector yet: %s", message, extra=ctx)
+                if message != reported:
+                    self._event(
+                        target, "DeleteFailed", f"cannot delete the connector, retrying: {message}", warning=True
+                    )
+                    reported = message
+                await asyncio.sleep(DELETE_RETRY)
+
+    @staticmethod
+    async def _delete_connector(client: ConnectClient, connector: str) -> None:
+        await client.delete(connector)
+        deadline = time.monotonic() + 30
+        while await client.exists(connector):  # DELETE answers before the herder has removed it
+            if time.monotonic() > deadline:
+                raise ConnectError(409, f"connector {connector} still present 30 s after DELETE")
+            await asyncio.sleep(0.5)
 
     def nudge(self, target: Target) -> None:
         """Sync the target's cluster soon (after a short pause that gathers a burst of changes)."""
@@ -169,7 +252,7 @@ class ConnectSync:
     def _by_cluster(self) -> dict[str, list[Target]]:
         groups: dict[str, list[Target]] = defaultdict(list)
         for target in self.targets.values():
-            if target.spec:
+            if target.spec and not target.deleting:
                 groups[target.spec.cluster].append(target)
         return groups
 
@@ -193,6 +276,7 @@ class ConnectSync:
         due = [c for c in groups if c in self._nudged or now - self._last_sync.get(c, 0) >= self._interval(c)]
         if due:
             await asyncio.gather(*(self._sync_cluster(c, groups[c]) for c in due))
+        self._start_deletions()
         await self._resolve_unresolved()
         await self._report_unplaced()
         now = time.monotonic()
@@ -204,10 +288,18 @@ class ConnectSync:
         except TimeoutError:
             pass
 
+    def _start_deletions(self) -> None:
+        """Each resource marked for deletion gets one deletion task, which retries until it is done."""
+        for target in list(self.targets.values()):
+            if target.deleting and target.key not in self._deletions:
+                self._deletions[target.key] = asyncio.create_task(
+                    self._delete(target), name=f"connect-delete-{target.namespace}/{target.name}"
+                )
+
     async def _resolve_unresolved(self) -> None:
         """Secrets are re-read while missing, so creating the Secret later is enough."""
         for target in list(self.targets.values()):
-            if target.spec and target.problem and target.problem.reason == "SecretNotFound":
+            if target.spec and target.problem and target.problem.reason in SECRET_REASONS and not target.deleting:
                 await self._resolve_secrets(target)
                 if not target.problem:
                     self.nudge(target)
@@ -215,7 +307,7 @@ class ConnectSync:
     async def _report_unplaced(self) -> None:
         """Resources the loop cannot sync (invalid spec) still get a status saying why."""
         for target in list(self.targets.values()):
-            if target.spec is None:
+            if target.spec is None and not target.deleting:
                 await self._publish(target, reconcile.report(target, None, Outcome(), utcnow()))
 
     async def _sync_cluster(self, cluster: str, targets: list[Target]) -> None:
@@ -332,6 +424,8 @@ class ConnectSync:
         """Act on one resource; True when it needs no further attention now."""
         assert target.spec is not None
         spec = target.spec
+        if target.owned and CONNECT_FINALIZER not in target.finalizers:
+            await self._claim(target)  # claimed before the operator kept its own finalizer
         observed = listing.get(spec.connector)
         if observed is not None and observed.config is not None:
             target.config_verified = observed.config == target.config
@@ -342,7 +436,7 @@ class ConnectSync:
         outcome = Outcome()
         for step in steps:
             try:
-                await self._execute(client, target, step, now)
+                await self._execute(client, target, step)
             except ConnectError as exc:
                 outcome.failed, outcome.error = step, exc.message
                 outcome.rejected = 400 <= exc.status_code < 500 and not exc.rebalancing and exc.status_code != 404
@@ -381,32 +475,32 @@ class ConnectSync:
             and (reconciling.get("status") != "True" or reconciling.get("reason") == "AutoRestarting")
         )
 
-    async def _claim(self, target: Target, now: datetime) -> None:
-        """Write-ahead: claim the connector name in status before creating it.
+    async def _claim(self, target: Target) -> None:
+        """Write-ahead: claim the connector name, with our finalizer, before creating the connector.
 
-        A crash between the two then leaves a claim we recognise rather than a connector we
-        would refuse to touch. The claim is the very status a successful create reports, so
-        the create costs no second status write.
+        One patch carries both, so a crash between it and the create leaves a claim we recognise
+        rather than a connector we would refuse to touch, and the resource cannot be deleted
+        without its connector. The patch only adds: it never drops a finalizer someone else set.
         """
         assert target.spec is not None
-        previous = target.status
-        target.status = {**previous, "connectorName": target.spec.connector, "cluster": target.spec.cluster}
-        claim = reconcile.report(target, None, Outcome(done=[Step.CREATE]), now)
-        try:
-            await self.kube.replace_status(PLURAL, target.namespace, target.name, claim, previous)
-        except BaseException:
-            target.status = previous
-            raise
-        target.status = claim
-        self._written[target.key] = time.monotonic()
+        claim = {ANNOTATION_OWNED_CONNECTOR: target.spec.connector}
+        ops = additions(target.meta, CONNECT_FINALIZER, claim)
+        if not await self.kube.patch_object(PLURAL, target.namespace, target.name, ops):
+            raise LookupError("the resource was deleted")
+        target.claimed = True
+        target.meta = {
+            **target.meta,
+            "finalizers": [*target.finalizers, CONNECT_FINALIZER],
+            "annotations": {**(target.meta.get("annotations") or {}), **claim},
+        }
 
-    async def _execute(self, client: ConnectClient, target: Target, step: Step, now: datetime) -> None:
+    async def _execute(self, client: ConnectClient, target: Target, step: Step) -> None:
         spec = target.spec
         assert spec is not None
         ctx = {"namespace": target.namespace, "resource": target.name, "connector": spec.connector}
         if step is Step.CREATE:
-            if not target.owned:
-                await self._claim(target, now)
+            if CONNECT_FINALIZER not in target.finalizers or not target.owned:
+                await self._claim(target)
             await client.create(spec.connector, target.config, spec.connect_state)
             target.config_verified = True
             target.created_at = time.monotonic()
@@ -446,9 +540,9 @@ class ConnectSync:
         before = conditions.find(target.status.get("conditions"), READY) or {}
         after = conditions.find(status.get("conditions"), READY) or {}
         if (
-            before.get("reason") in STARTUP_REASONS
+            before.get("reason", "Creating") in STARTUP_REASONS  # a new resource has no Ready condition yet
             and after.get("reason") in STARTUP_REASONS
-            and time.monotonic() - self._written.get(target.key, 0) < STARTUP_STATUS_EVERY
+            and time.monotonic() - self._written.get(target.key, target.first_seen) < STARTUP_STATUS_EVERY
         ):
             return  # the resource is still converging, so a later sync writes what this one skipped
         await self.kube.replace_status(PLURAL, target.namespace, target.name, status, target.status)
@@ -464,8 +558,9 @@ class ConnectSync:
                 self._event(target, after.get("reason", "NotReady"), after.get("message", ""), warning=True)
 
     async def aclose(self) -> None:
-        for task in self._in_flight.values():
+        tasks = [*self._in_flight.values(), *self._deletions.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for client in self.clients.values():
             await client.aclose()
