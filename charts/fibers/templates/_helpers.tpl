@@ -59,7 +59,9 @@ exactly these permissions.
 */}}
 {{- define "fibers.operatorRules" -}}
 # kopf lists and watches the three kinds and patches its finalizer and progress annotations on
-# them; the reconcilers read them (a Transform also reads the Connects named in its inputs).
+# Transforms and DatabusConsumers; the Connect sync patches its own finalizer and claim annotation
+# and reads a Connect before releasing it; the reconcilers read them (a Transform also reads the
+# Connects named in its inputs).
 - apiGroups: [fibers.dev]
   resources: [connects, transforms, databusconsumers]
   verbs: [get, list, watch, patch]
