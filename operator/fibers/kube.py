@@ -12,6 +12,7 @@ import json
 import logging
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -96,6 +97,9 @@ class Kube:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self._background: set[asyncio.Task[None]] = set()
+        # Events get their own threads: a burst of them (one per connector created) must not queue
+        # ahead of the claims and status writes that the next creates and Ready reports wait on.
+        self._event_threads = ThreadPoolExecutor(2, thread_name_prefix="kube-events")
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         try:
@@ -158,7 +162,9 @@ class Kube:
             reporting_instance=socket.gethostname(),
         )
         try:
-            await asyncio.to_thread(self.core.create_namespaced_event, meta["namespace"], event)
+            await asyncio.get_running_loop().run_in_executor(
+                self._event_threads, self.core.create_namespaced_event, meta["namespace"], event
+            )
         except ApiException as exc:
             log.warning("could not post event", extra={"reason": reason, "status": exc.status})
 

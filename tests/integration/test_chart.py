@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.stack import StackInfo, fetch
 from tests.helpers import Resources, wait_for
 from tests.integration.conftest import OperatorProcess
@@ -500,7 +501,29 @@ def test_operator_with_the_chart_rbac_makes_a_connect_ready(
     assert not problems, "the chart's RBAC is missing something the operator uses:\n" + "\n".join(problems)
 
 
-def test_without_patch_on_connects_status_the_operator_says_so_and_nothing_becomes_ready(
+def _without_patch_on(rules: list[dict[str, Any]], resource: str) -> list[dict[str, Any]]:
+    """The rules, with `patch` on one fibers.dev resource taken away (its other verbs stay)."""
+    narrowed = []
+    for rule in rules:
+        if resource in rule["resources"] and "patch" in rule["verbs"]:
+            rest = [r for r in rule["resources"] if r != resource]
+            if rest:
+                narrowed.append({**rule, "resources": rest})
+            if others := [v for v in rule["verbs"] if v != "patch"]:
+                narrowed.append({**rule, "resources": [resource], "verbs": others})
+        else:
+            narrowed.append(rule)
+    return narrowed
+
+
+@pytest.mark.parametrize(
+    "denied_resource",
+    [
+        pytest.param("connects/status", id="status"),
+        pytest.param("connects", id="claim"),
+    ],
+)
+def test_without_a_permission_the_operator_says_so_and_leaves_no_orphan(
     chart_operator: ChartOperator,
     release: dict[str, Any],
     kube: ApiClient,
@@ -508,6 +531,7 @@ def test_without_patch_on_connects_status_the_operator_says_so_and_nothing_becom
     namespace: str,
     source_file: Path,
     unique: str,
+    denied_resource: str,
 ) -> None:
     rbac = client.RbacAuthorizationV1Api(kube)
     [role_name] = [
@@ -516,26 +540,33 @@ def test_without_patch_on_connects_status_the_operator_says_so_and_nothing_becom
         if any("connects/status" in rule["resources"] for rule in d["rules"])
     ]
     original = kube.sanitize_for_serialization(rbac.read_namespaced_role(role_name, namespace))
-    narrowed = json.loads(json.dumps(original))
-    for rule in narrowed["rules"]:
-        rule["resources"] = [r for r in rule["resources"] if r != "connects/status"]
-    narrowed["rules"] = [r for r in narrowed["rules"] if r["resources"]]
+    narrowed = {**original, "rules": _without_patch_on(original["rules"], denied_resource)}
     rbac.replace_namespaced_role(role_name, namespace, narrowed)
     connects = Resources(kube, "connects", namespace)
     try:
         connects.create(unique, {"class": "FileStreamSource", "config": {"file": str(source_file), "topic": unique}})
         # The API server's own words, in the operator's log line.
-        denied = ("Forbidden", "cannot patch resource", "connects/status", 'in API group "fibers.dev"', namespace)
+        denied = ("Forbidden", "cannot patch resource", f'"{denied_resource}"', namespace)
         [record] = wait_for(
             lambda: [r for r in chart_operator.records() if all(d in r["text"] for d in denied)][:1],
             timeout=30,
-            what="the operator to log the denied status write",
+            what="the operator to log the denied write",
         )
         assert "forbidden" in record["text"] and record["level"] in ("error", "warning"), record
         time.sleep(3)  # a few more sync rounds
-        assert connects.condition(unique) == {}, "no status can be written, so no Ready condition either"
-        # The name is claimed in status before the connector is created: no orphan on Kafka Connect.
-        assert connect_http.get(f"/connectors/{unique}").status_code == 404
+        meta = connects.get(unique)["metadata"]
+        if denied_resource == "connects":
+            # The claim is written before the connector is created: without it, no connector.
+            cond = connects.wait_condition(unique, "False", "ClaimFailed")
+            assert "forbidden" in cond["message"].lower()
+            assert connect_http.get(f"/connectors/{unique}").status_code == 404
+            assert ANNOTATION_OWNED_CONNECTOR not in (meta.get("annotations") or {})
+        else:
+            assert connects.condition(unique) == {}, "no status is written, so no Ready condition either"
+            # Claimed first, so the connector made meanwhile is one the resource owns and deletes.
+            assert connect_http.get(f"/connectors/{unique}").status_code == 200
+            assert meta["annotations"][ANNOTATION_OWNED_CONNECTOR] == unique
+            assert CONNECT_FINALIZER in meta["finalizers"]
     finally:
         original["metadata"].pop("resourceVersion", None)
         rbac.replace_namespaced_role(role_name, namespace, original)

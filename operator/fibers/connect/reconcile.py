@@ -82,6 +82,7 @@ class Outcome:
     failed: Step | None = None
     error: str = ""
     rejected: bool = False  # Kafka Connect refused the request itself (4xx other than 409)
+    reason: str = "ConnectError"  # the Ready reason for a failed step that may succeed when retried
     topics: list[str] | None = None
 
 
@@ -197,7 +198,7 @@ def _ready(
         )
     if observed is None:
         if outcome.failed:
-            return progressing("ConnectError", f"could not create the connector: {redact(outcome.error, secrets)}")
+            return progressing(outcome.reason, f"could not create the connector: {redact(outcome.error, secrets)}")
         return progressing("Creating", f"creating connector {spec.connector}")
     if not target.owned:
         return stalled(

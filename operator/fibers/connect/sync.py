@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from fibers import conditions, memory, metrics
 from fibers.api import (
@@ -59,22 +60,26 @@ FAILURE_REASONS = frozenset(
         "InvalidSpec",
         "SecretNotFound",
         "SecretUnreadable",
+        "ClaimFailed",
     }
 )
 SECRET_REASONS = frozenset({"SecretNotFound", "SecretUnreadable"})  # re-read while they last
 DELETE_RETRY = 10.0  # seconds between attempts to delete a connector Connect would not delete
 
 
+class ClaimFailed(Exception):
+    """The claim could not be written to the resource (e.g. no permission): nothing is created."""
+
+
 def _fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
-    """What of a resource's metadata the sync acts on; any other change (our own status writes,
-    labels) needs no new look at the spec."""
+    """What of a resource's metadata the sync acts on; any other change (our own status writes and
+    claims, labels) needs no new look at the spec. A claim, once known, is kept (see `apply`)."""
     annotations = meta.get("annotations") or {}
     return (
         meta["uid"],
         meta.get("generation"),
         annotations.get(ANNOTATION_PAUSED),
         ANNOTATION_RESTART in annotations,
-        annotations.get(ANNOTATION_OWNED_CONNECTOR),
         bool(meta.get("deletionTimestamp")),
     )
 
@@ -170,6 +175,10 @@ class ConnectSync:
         target.config_verified = bool(previous and previous.config_verified and previous.config == target.config)
         self.targets[target.key] = target
         self._seen[target.key] = _fingerprint(meta)
+        log.debug(
+            "resource registered",
+            extra={"namespace": namespace, "resource": name, "generation": target.generation, "owned": target.owned},
+        )
         self.nudge(target)
 
     async def _resolve_secrets(self, target: Target) -> None:
@@ -444,6 +453,9 @@ class ConnectSync:
             except ConnectUnreachable as exc:
                 outcome.failed, outcome.error = step, str(exc)
                 break
+            except ClaimFailed as exc:
+                outcome.failed, outcome.error, outcome.reason = step, str(exc), "ClaimFailed"
+                break
             outcome.done.append(step)
         unknown_topics = not target.status.get("topics") and time.monotonic() >= target.topics_due
         if observed and target.owned and (steps or unknown_topics) and refresh_budget[0] > 0:
@@ -485,7 +497,11 @@ class ConnectSync:
         assert target.spec is not None
         claim = {ANNOTATION_OWNED_CONNECTOR: target.spec.connector}
         ops = additions(target.meta, CONNECT_FINALIZER, claim)
-        if not await self.kube.patch_object(PLURAL, target.namespace, target.name, ops):
+        try:
+            patched = await self.kube.patch_object(PLURAL, target.namespace, target.name, ops)
+        except ApiException as exc:
+            raise ClaimFailed(f"cannot claim the connector name on the resource: {describe(exc)}") from None
+        if not patched:
             raise LookupError("the resource was deleted")
         target.claimed = True
         target.meta = {
