@@ -29,7 +29,7 @@ log = logging.getLogger("fibers.operator")
 def settings_from_env() -> SyncSettings:
     return SyncSettings(
         interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", "10")),
-        fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "0.5")),
+        fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "0.25")),
         default_cluster=os.environ.get("FIBERS_CONNECT_URL") or None,
     )
 

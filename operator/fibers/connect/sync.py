@@ -87,7 +87,7 @@ def _fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
 @dataclass
 class SyncSettings:
     interval: float = 10.0  # at rest: one listing per cluster per interval
-    fast_interval: float = 0.5  # while some connector is converging (a status-only listing is cheap)
+    fast_interval: float = 0.25  # while some connector converges: a status-only listing is cheap, as a script polls
     status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
     parallel_calls: int = 16  # concurrent calls to one Connect cluster
     topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
