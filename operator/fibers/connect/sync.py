@@ -521,8 +521,9 @@ class ConnectSync:
             target.config_verified = True
             target.created_at = time.monotonic()
             target.topics_due = target.created_at + 2.0  # a connector reports topics once it has written
+            # No Event here: the Ready (or failure) Event follows within seconds, and a wave of creates
+            # would otherwise put one more write per connector on the API server while Connect is busiest.
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
-            self._event(target, "Created", f"created connector {spec.connector} ({spec.connect_state})")
         elif step is Step.UPDATE_CONFIG:
             await client.put_config(spec.connector, target.config)
             target.config_verified = True
