@@ -163,3 +163,49 @@ def test_deletion_deletes_only_a_claimed_connector_then_releases_the_resource() 
     assert connect.deletes == ["mine"]
     assert kube.released == ["mine"]
     assert connect.creates == []  # nothing is created for a resource being deleted
+
+
+def _running(name: str, *, config: dict[str, str] | None = None, task_state: str = "RUNNING") -> ConnectorView:
+    entry: dict[str, Any] = {"status": {"connector": {"state": "RUNNING"}, "tasks": [{"id": 0, "state": task_state}]}}
+    if config is not None:
+        entry["info"] = {"config": config}
+    return ConnectorView.from_listing(name, entry)
+
+
+def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
+    async def scenario() -> list[int]:
+        sync, _, connect = _sync()
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, body)  # type: ignore[arg-type]
+        target = sync.targets["shop", "orders"]
+        target.status["topics"] = ["t"]
+        calls: list[int] = []
+        reconcile_once = sync._reconcile
+
+        async def counting(*args: Any) -> bool:
+            calls.append(1)
+            return await reconcile_once(*args)
+
+        sync._reconcile = counting  # type: ignore[method-assign]
+        views = [
+            _running("orders", config=target.config),  # settles it
+            _running("orders"),  # same, statuses only: nothing to do
+            _running("orders", config=target.config),  # same, with configs: nothing to do
+            _running("orders", task_state="FAILED"),  # a failed task: acted on
+            _running("orders", config=target.config),  # running again: acted on, settles it
+            _running("orders"),  # nothing to do
+            _running("orders", config={**target.config, "topic": "drifted"}),  # drift: acted on
+        ]
+        counts = []
+        for view in views:
+            connect.list_expanded = lambda *, configs=True, v=view: _listing(v)  # type: ignore[method-assign]
+            sync._configs_read.clear()
+            await _sync_once(sync)
+            counts.append(len(calls))
+        return counts
+
+    assert asyncio.run(scenario()) == [1, 1, 1, 2, 3, 3, 4]
+
+
+async def _listing(view: ConnectorView) -> dict[str, ConnectorView]:
+    return {view.name: view}

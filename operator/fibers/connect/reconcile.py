@@ -52,6 +52,7 @@ class Target:
     meta: dict[str, Any] = field(default_factory=dict)  # the resource's metadata as last seen
     deleting: bool = False  # the resource is marked for deletion
     first_seen: float = 0.0  # monotonic time the operator first saw the resource
+    quiet_view: ConnectorView | None = None  # the connector as seen by a reconcile that left nothing to do
 
     @property
     def key(self) -> tuple[str, str]:
@@ -92,6 +93,19 @@ def failed_tasks(view: ConnectorView) -> list[TaskView]:
 
 def is_failing(view: ConnectorView) -> bool:
     return view.state == "FAILED" or bool(failed_tasks(view))
+
+
+def at_rest(before: ConnectorView, now: ConnectorView) -> bool:
+    """Nothing a decision or a status depends on has moved since `before`, and nothing is waiting on
+    the clock (a restart backoff, a rebalance's grace period). A listing without configs says
+    nothing about them."""
+    return (
+        (now.state, now.worker_id, now.trace, now.tasks) == (before.state, before.worker_id, before.trace, before.tasks)
+        and (now.config is None or now.config == before.config)
+        and not is_failing(now)
+        and now.state not in ("UNASSIGNED", "RESTARTING")
+        and all(t.state != "UNASSIGNED" for t in now.tasks)
+    )
 
 
 def next_auto_restart(target: Target, now: datetime) -> datetime:

@@ -338,6 +338,7 @@ class ConnectSync:
             message = redact(str(exc), ())
             log.warning("Kafka Connect unreachable", extra={"cluster": redact(cluster, ()), "error": message})
             for target in targets:
+                target.quiet_view = None  # its status now says unreachable: the next listing must be acted on
                 await self._publish(target, self._unreachable_status(target, message))
             self._converging.add(cluster)
             return
@@ -363,6 +364,7 @@ class ConnectSync:
             if self.targets.get(t.key) is t
             and t.key not in self._in_flight
             and self._finished_at.get(t.key, 0.0) < now  # `now`: just before the listing was asked for
+            and not self._at_rest(t, listing)
         ]
         # Waiting for slow creates would hold back the next listing, and with it the Ready status
         # of connectors that already run: wait a little, and let the rest finish in the background.
@@ -376,6 +378,17 @@ class ConnectSync:
             self._converging.discard(cluster)
         else:
             self._converging.add(cluster)
+
+    def _at_rest(self, target: Target, listing: dict[str, ConnectorView]) -> bool:
+        """A resource whose last reconcile left nothing to do, and whose connector has not moved since,
+        needs no reconcile now: a sync of 500 quiet connectors then costs little more than its listing."""
+        assert target.spec is not None
+        quiet, observed = target.quiet_view, listing.get(target.spec.connector)
+        if quiet is None or observed is None or not reconcile.at_rest(quiet, observed):
+            return False
+        heartbeat_due = time.monotonic() - self._written.get(target.key, 0) > self.settings.status_heartbeat
+        topics_due = target.owned and not target.status.get("topics") and time.monotonic() >= target.topics_due
+        return not heartbeat_due and not topics_due
 
     def _start_reconcile(
         self,
@@ -433,6 +446,7 @@ class ConnectSync:
         """Act on one resource; True when it needs no further attention now."""
         assert target.spec is not None
         spec = target.spec
+        target.quiet_view = None  # until this reconcile ends with nothing left to do
         if target.owned and CONNECT_FINALIZER not in target.finalizers:
             await self._claim(target)  # claimed before the operator kept its own finalizer
         observed = listing.get(spec.connector)
@@ -481,11 +495,14 @@ class ConnectSync:
         learning_topics = (
             observed is not None and target.owned and not status.get("topics") and target.topic_checks < TOPIC_FAST_ASKS
         )
-        return (
+        settled = (
             not steps
             and not learning_topics
             and (reconciling.get("status") != "True" or reconciling.get("reason") == "AutoRestarting")
         )
+        if settled and not target.problem:
+            target.quiet_view = observed
+        return settled
 
     async def _claim(self, target: Target) -> None:
         """Write-ahead: claim the connector name, with our finalizer, before creating the connector.
