@@ -328,7 +328,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,500")
     parser.add_argument("--interval", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3, help="floor/operator pairs per N; the ratio is of medians")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="floor/operator pairs per N; the ratio is of medians (3 proved too few)"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
