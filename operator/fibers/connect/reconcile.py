@@ -7,6 +7,7 @@ restarts. `decide` picks the steps; `report` turns what was observed and done in
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -61,6 +62,10 @@ class Target:
     @property
     def owned(self) -> bool:
         return bool(self.spec and self.claimed)
+
+    def topics_due_now(self) -> bool:
+        """No topics known yet, and the time to ask Connect again has come."""
+        return not self.status.get("topics") and time.monotonic() >= self.topics_due
 
     @property
     def finalizers(self) -> list[str]:

@@ -128,7 +128,7 @@ class ConnectSync:
             self._drop(key)
             return
         previous = self.targets.get(key)
-        if previous and previous.uid == meta["uid"] and self._seen.get(key) == _fingerprint(meta):
+        if previous and self._seen.get(key) == _fingerprint(meta):  # the fingerprint carries the uid
             previous.meta = dict(meta)  # finalizers and annotations as they are now, for the claim's patch
         else:
             await self.apply(body)
@@ -386,9 +386,10 @@ class ConnectSync:
         quiet, observed = target.quiet_view, listing.get(target.spec.connector)
         if quiet is None or observed is None or not reconcile.at_rest(quiet, observed):
             return False
-        heartbeat_due = time.monotonic() - self._written.get(target.key, 0) > self.settings.status_heartbeat
-        topics_due = target.owned and not target.status.get("topics") and time.monotonic() >= target.topics_due
-        return not heartbeat_due and not topics_due
+        return not self._heartbeat_due(target) and not (target.owned and target.topics_due_now())
+
+    def _heartbeat_due(self, target: Target) -> bool:
+        return time.monotonic() - self._written.get(target.key, 0) > self.settings.status_heartbeat
 
     def _start_reconcile(
         self,
@@ -471,8 +472,7 @@ class ConnectSync:
                 outcome.failed, outcome.error, outcome.reason = step, str(exc), "ClaimFailed"
                 break
             outcome.done.append(step)
-        unknown_topics = not target.status.get("topics") and time.monotonic() >= target.topics_due
-        if observed and target.owned and (steps or unknown_topics) and refresh_budget[0] > 0:
+        if observed and target.owned and (steps or target.topics_due_now()) and refresh_budget[0] > 0:
             refresh_budget[0] -= 1
             # An empty answer is asked again later, sooner at first: 2 s, 4 s, … up to a minute.
             target.topic_checks += 1
@@ -532,7 +532,7 @@ class ConnectSync:
         assert spec is not None
         ctx = {"namespace": target.namespace, "resource": target.name, "connector": spec.connector}
         if step is Step.CREATE:
-            if CONNECT_FINALIZER not in target.finalizers or not target.owned:
+            if not target.owned:  # an owned one without our finalizer was claimed again in `_reconcile`
                 await self._claim(target)
             await client.create(spec.connector, target.config, spec.connect_state)
             target.config_verified = True
@@ -568,8 +568,7 @@ class ConnectSync:
         if self.targets.get(target.key) is not target:
             return  # forgotten (deleted) or replaced meanwhile
         unchanged = reconcile.significant(status) == reconcile.significant(target.status)
-        heartbeat_due = time.monotonic() - self._written.get(target.key, 0) > self.settings.status_heartbeat
-        if unchanged and not heartbeat_due:
+        if unchanged and not self._heartbeat_due(target):
             return
         before = conditions.find(target.status.get("conditions"), READY) or {}
         after = conditions.find(status.get("conditions"), READY) or {}
