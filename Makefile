@@ -4,23 +4,26 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint unit stack-fetch stack-up stack-down demo demo-down clean-venv
+.PHONY: test lint unit system-packages stack-fetch stack-up stack-down demo demo-down clean-venv
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml stack/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./stack
 	touch $@
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff check operator stack tests bench
 	$(BIN)/mypy
 
 unit: $(BIN)/.installed
 	$(BIN)/pytest tests/unit -q
 
-stack-fetch: $(BIN)/.installed
-	$(BIN)/fibers stack fetch
+system-packages:
+	@tools/system-packages.sh
+
+stack-fetch: $(BIN)/.installed system-packages
+	$(BIN)/fibers-stack fetch
 
 # Lint, then every test: unit tests first, then the real local stack (built or fetched into the
 # cache on first use, started once for the run, stopped at the end).
@@ -28,14 +31,14 @@ test: lint stack-fetch
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 stack-up: stack-fetch
-	$(BIN)/fibers stack up
+	$(BIN)/fibers-stack up
 
 stack-down: $(BIN)/.installed
-	$(BIN)/fibers stack down
+	$(BIN)/fibers-stack down
 
 # The sample pipeline of examples/ on the local stack, with a live view; the stack keeps running.
 demo: stack-fetch
-	$(BIN)/fibers demo
+	$(BIN)/fibers-stack demo
 
 demo-down: stack-down
 

@@ -41,7 +41,7 @@ from aiohttp import ClientSession, web
 from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
-from fibers import stack
+import fibers_stack as stack
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,7 +36,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kubernetes import client, config
 from pymongo import MongoClient
 
-from fibers import stack
+import fibers_stack as stack
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, parse_json

@@ -16,8 +16,8 @@ from kubernetes import config
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers import stack
-from fibers.stack import StackInfo
+import fibers_stack as stack
+from fibers_stack import StackInfo
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +33,8 @@ def stack_info() -> Iterator[StackInfo]:
     os.environ.update(saved)
     if not (reuse or was_running):
         stack.down()
+        # Nothing of the node may outlive it: processes, mounts, links, iptables chains, cgroups.
+        assert stack.leftovers() == [], f"`stack down` left these behind: {stack.leftovers()}"
 
 
 @pytest.fixture

@@ -6,35 +6,9 @@ import argparse
 import json
 import logging
 import os
-import sys
-from dataclasses import asdict
 from typing import Any
 
 from fibers import logs
-
-
-def _stack(args: argparse.Namespace) -> int:
-    from fibers import stack
-    from fibers.stack import fetch
-
-    if args.action == "fetch":
-        fetch.fetch_all(args.components or None)
-        return 0
-    if args.action == "up":
-        info = stack.up()
-        print(json.dumps(asdict(info), indent=2))
-        print(f"\nexport KUBECONFIG={info.kubeconfig}", file=sys.stderr)
-        return 0
-    if args.action == "down":
-        stack.down()
-        return 0
-    recorded = stack.current()
-    if recorded is None:
-        print("no stack recorded")
-        return 1
-    dead = recorded.dead()
-    print(json.dumps({**asdict(recorded), "dead": dead}, indent=2))
-    return 1 if dead or not recorded.pids else 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -80,21 +54,10 @@ def _consume(args: argparse.Namespace) -> int:
     return Runtime(config, client.CoreV1Api(load_client())).run()
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from fibers import demo
-
-    return demo.run(tty=False if args.no_tty else None)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fibers", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    stack_cmd = sub.add_parser("stack", help="the local stack of real components (tests and demo only)")
-    stack_cmd.add_argument("action", choices=["up", "down", "status", "fetch"])
-    stack_cmd.add_argument("components", nargs="*", help="fetch: only these (kubernetes, kafka, …)")
-    stack_cmd.set_defaults(func=_stack)
 
     run_cmd = sub.add_parser("run", help="run the operator")
     run_cmd.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
@@ -109,10 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     consume_cmd.add_argument("--config", help="rendered consumer configuration (JSON); default $FIBERS_CONSUMER_CONFIG")
     consume_cmd.add_argument("--instance", type=int, help="this instance's number (overrides the configuration)")
     consume_cmd.set_defaults(func=_consume)
-
-    demo_cmd = sub.add_parser("demo", help="run the sample pipeline of examples/ on the local stack")
-    demo_cmd.add_argument("--no-tty", action="store_true", help="plain output (no redrawn table)")
-    demo_cmd.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

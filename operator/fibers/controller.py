@@ -34,11 +34,20 @@ def settings_from_env() -> SyncSettings:
     )
 
 
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
 def transform_defaults_from_env() -> Defaults:
+    pull_policy = os.environ.get("FIBERS_JOB_IMAGE_PULL_POLICY") or Defaults.image_pull_policy
+    if pull_policy not in PULL_POLICIES:
+        raise ValueError(f"FIBERS_JOB_IMAGE_PULL_POLICY must be one of {', '.join(PULL_POLICIES)}, not {pull_policy!r}")
     return Defaults(
         kafka_bootstrap=os.environ.get("FIBERS_KAFKA_BOOTSTRAP") or None,
-        image=os.environ.get("FIBERS_JOB_IMAGE", Defaults.image),
+        image=os.environ.get("FIBERS_JOB_IMAGE") or Defaults.image,
+        image_pull_policy=pull_policy,
         service_account=os.environ.get("FIBERS_JOB_SERVICE_ACCOUNT") or None,
+        # Set and empty: no CPU request of Fibers' own (Spark then requests `cores` whole CPUs).
+        core_request=os.environ.get("FIBERS_SPARK_CORE_REQUEST", Defaults.core_request) or None,
     )
 
 
@@ -67,7 +76,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     defaults = transform_defaults_from_env()
     memo.transform = TransformReconciler(kube, defaults)
     memo.databus = DatabusReconciler(
-        kube, kafka_bootstrap=defaults.kafka_bootstrap, image=defaults.image, service_account=defaults.service_account
+        kube,
+        kafka_bootstrap=defaults.kafka_bootstrap,
+        image=defaults.image,
+        service_account=defaults.service_account,
+        image_pull_policy=defaults.image_pull_policy,
     )
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
 

@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers.stack import StackInfo
+from fibers_stack import StackInfo
 
 pytestmark = pytest.mark.demo
 

@@ -1,4 +1,8 @@
-"""Fixtures for operator tests: CRDs installed, a namespace, and the operator as a real process."""
+"""Fixtures for operator tests: CRDs installed, a namespace, and the operator as a real process.
+
+Each test namespace is one a user would run pipelines in: the Spark Operator watches it (label), and
+it has the chart's jobs ServiceAccount and RBAC, which Spark drivers and consumer pods run as.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from fibers.stack import StackInfo
+from fibers_stack import StackInfo, namespaces
+from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,10 +56,9 @@ def crds(kube: ApiClient) -> None:
 @pytest.fixture(scope="module")
 def namespace(kube: ApiClient, crds: None) -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    namespaces.create(kube, name)
     yield name
-    core.delete_namespace(name)
+    client.CoreV1Api(kube).delete_namespace(name)
 
 
 class OperatorProcess:
@@ -101,7 +105,11 @@ def operator(
     stack_info: StackInfo, namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log_file = tmp_path_factory.mktemp("operator") / "operator.log"
-    env = {"FIBERS_CONNECT_SYNC_INTERVAL": "2", "FIBERS_CONNECT_FAST_INTERVAL": "0.5"}
+    env = {
+        "FIBERS_CONNECT_SYNC_INTERVAL": "2",
+        "FIBERS_CONNECT_FAST_INTERVAL": "0.5",
+        "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,
+    }
     op = OperatorProcess(stack_info, namespace, log_file, env)
     op.start()
     time.sleep(1)

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -38,9 +37,8 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
-from fibers.stack import StackInfo, fetch
-from tests.helpers import Resources, wait_for
-from tests.integration.conftest import OperatorProcess
+from fibers_stack import StackInfo, fetch
+from tests.helpers import Resources, produce, read_topic, wait_for
 
 pytestmark = pytest.mark.chart
 
@@ -102,12 +100,6 @@ def served(kube: ApiClient, doc: dict[str, Any]) -> bool:
     except ResourceNotFoundError:
         return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def new_namespace(kube: ApiClient, prefix: str, labels: dict[str, str] | None = None) -> str:
@@ -355,25 +347,25 @@ def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
 # ----- helm install, then the operator with exactly the chart's permissions ------------------------
 
 
-class ChartOperator(OperatorProcess):
-    """The operator run as the chart's Deployment runs it: its args, its env, its ServiceAccount."""
+class ChartOperator:
+    """The operator as `helm install` runs it: a pod from the operator image, with the chart's RBAC."""
 
-    def __init__(self, stack: StackInfo, namespace: str, log_file: Path, deployment: dict[str, Any], kubeconfig: Path):
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
-        env = {e["name"]: e["value"] for e in container["env"]}
-        super().__init__(stack, namespace, log_file, {**env, "KUBECONFIG": str(kubeconfig)})
-        self.args = list(container["args"])  # the image's entry point is `fibers`
+    def __init__(self, kube: ApiClient, namespace: str, release_namespace: str, release: str) -> None:
+        self.core = client.CoreV1Api(kube)
+        self.namespace, self.release_namespace = namespace, release_namespace
+        self.selector = f"app.kubernetes.io/instance={release}"
 
-    def start(self) -> None:
-        with open(self.log_file, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fibers", *self.args], stdout=out, stderr=subprocess.STDOUT, env=self.env
-            )
+    def pod(self) -> client.V1Pod:
+        pods = self.core.list_namespaced_pod(self.release_namespace, label_selector=self.selector).items
+        running = [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+        assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
+        return running[0]
 
     def records(self) -> list[dict[str, Any]]:
         """The JSON log lines, each with `text`: its message and any exception, for searching."""
+        log = self.core.read_namespaced_pod_log(self.pod().metadata.name, self.release_namespace)
         lines = []
-        for line in self.log().splitlines():
+        for line in log.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
@@ -413,16 +405,21 @@ def release(
     home = tmp_path_factory.mktemp("chart")
     release_ns = new_namespace(kube, "fibers-system")
     name = f"fibers-{uuid.uuid4().hex[:5]}"
+    operator_image, job_image = stack_info.images["operator"].rpartition(":"), stack_info.images["job"].rpartition(":")
     values = {
+        "image": {"repository": operator_image[0], "tag": operator_image[2], "pullPolicy": "Never"},
         "watch": {"namespaces": [namespace]},
         "connect": {"url": stack_info.connect_url, "syncIntervalSeconds": 2},
         "kafka": {"bootstrap": stack_info.kafka_bootstrap},
-        "metrics": {"port": free_port(), "healthPort": free_port()},
+        "jobs": {
+            "image": {"repository": job_image[0], "tag": job_image[2], "pullPolicy": "Never"},
+            "serviceAccount": {"create": False},  # the test namespace has it already (same template)
+        },
     }
     (home / "values.json").write_text(json.dumps(values))
     base = [helm, "--kubeconfig", stack_info.kubeconfig, "--namespace", release_ns]
     started = time.monotonic()
-    run([*base, "install", name, CHART, "--values", home / "values.json"])
+    run([*base, "install", name, CHART, "--values", home / "values.json", "--wait", "--timeout", "3m"])
     installed = time.monotonic() - started
     docs = [d for d in yaml.safe_load_all(run([*base, "get", "manifest", name]).stdout) if d]
     yield {"name": name, "namespace": release_ns, "docs": docs, "home": home, "install_seconds": installed}
@@ -431,14 +428,8 @@ def release(
 
 
 @pytest.fixture(scope="module")
-def chart_operator(
-    kube: ApiClient, stack_info: StackInfo, namespace: str, release: dict[str, Any]
-) -> Iterator[ChartOperator]:
-    [deployment] = by_kind(release["docs"], "Deployment")
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    kubeconfig = token_kubeconfig(kube, stack_info, release["namespace"], account, release["home"] / "kubeconfig")
-    op = ChartOperator(stack_info, namespace, release["home"] / "operator.log", deployment, kubeconfig)
-    op.start()
+def chart_operator(kube: ApiClient, namespace: str, release: dict[str, Any]) -> Iterator[ChartOperator]:
+    op = ChartOperator(kube, namespace, release["namespace"], release["name"])
     yield op
     # Delete what the tests made while the operator runs, so its finalizers complete.
     custom = client.CustomObjectsApi(kube)
@@ -456,7 +447,6 @@ def chart_operator(
         for name in names(plural):
             custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
         wait_for(partial(gone, plural), timeout=60, what=f"{plural} deleted by the chart's operator")
-    op.stop()
 
 
 @pytest.fixture
@@ -471,6 +461,7 @@ def test_operator_with_the_chart_rbac_makes_a_connect_ready(
     chart_operator: ChartOperator,
     release: dict[str, Any],
     kube: ApiClient,
+    stack_info: StackInfo,
     namespace: str,
     source_file: Path,
     unique: str,
@@ -485,7 +476,12 @@ def test_operator_with_the_chart_rbac_makes_a_connect_ready(
 
     [service] = by_kind(release["docs"], "Service")
     port = service["spec"]["ports"][0]["port"]
-    metrics_text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    pod = chart_operator.pod()
+    assert pod.spec.containers[0].image == stack_info.images["operator"]
+    assert pod.spec.security_context.run_as_non_root is True
+    # Through the Service, as Prometheus would scrape it (kube-proxy's rules on this host).
+    cluster_ip = client.CoreV1Api(kube).read_namespaced_service(service["metadata"]["name"], release["namespace"])
+    metrics_text = httpx.get(f"http://{cluster_ip.spec.cluster_ip}:{port}/metrics", timeout=5).text
     assert 'fibers_reconciles_total{kind="Connect"}' in metrics_text
     assert f'fibers_connector_state{{name="{unique}",namespace="{namespace}",state="RUNNING"}} 1.0' in metrics_text
     [deployment] = by_kind(release["docs"], "Deployment")
@@ -494,7 +490,7 @@ def test_operator_with_the_chart_rbac_makes_a_connect_ready(
         for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
         if p["name"] == "health"
     )
-    assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
+    assert httpx.get(f"http://{pod.status.pod_ip}:{health}/healthz", timeout=5).status_code == 200
     assert argocd_health(connects.get(unique)) == {"status": "Healthy", "message": "connector is RUNNING"}
     problems = [r["text"] for r in chart_operator.records() if "forbidden" in r["text"].lower()]
     problems += [r["text"] for r in chart_operator.records() if "not enough permissions" in r["text"].lower()]
@@ -575,22 +571,23 @@ def test_without_a_permission_the_operator_says_so_and_leaves_no_orphan(
 
 
 def test_operator_with_the_chart_rbac_runs_a_batch_transform(
-    chart_operator: ChartOperator, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+    chart_operator: ChartOperator, kube: ApiClient, namespace: str, stack_info: StackInfo, unique: str
 ) -> None:
-    """SparkApplications (run by the stack's stand-in for the Spark Operator) and result ConfigMaps."""
+    """SparkApplications the real Spark Operator runs (driver and executor pods), and result ConfigMaps."""
     log_start = len(chart_operator.records())
-    (tmp_path / "in.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(4)))
-    os.chmod(tmp_path, 0o777)  # the job writes its output next to the input
+    produce(stack_info.kafka_bootstrap, f"{unique}-in", [{"id": i} for i in range(4)], key="id")
     transforms = Resources(kube, "transforms", namespace)
     transforms.create(
         unique,
         {
-            "inputs": [{"name": "things", "files": {"path": str(tmp_path / "in.json"), "format": "json"}}],
+            "inputs": [{"name": "things", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT"}}],
             "sql": "SELECT count(*) AS n FROM things",
-            "output": {"files": {"path": str(tmp_path / "out"), "format": "json"}},
+            "output": {"kafka": {"topic": f"{unique}-out"}},
         },
     )
-    transforms.wait_condition(unique, "True", "Succeeded", timeout=180)
+    transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
+    assert [json.loads(v) for v in read_topic(stack_info.kafka_bootstrap, f"{unique}-out", 1)] == [{"n": 4}]
+    assert transforms.status(unique)["currentRun"]["recordsOut"] == 1  # from the result ConfigMap
     assert argocd_health(transforms.get(unique))["status"] == "Healthy"
     assert not [r["text"] for r in chart_operator.records()[log_start:] if "forbidden" in r["text"].lower()]
 

@@ -15,10 +15,10 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from fibers import stack
+import fibers_stack as stack
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import parse_time
-from fibers.stack import StackInfo
+from fibers_stack import StackInfo
 from tests.helpers import Resources, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 

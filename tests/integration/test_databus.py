@@ -1,8 +1,8 @@
 """DatabusConsumer end to end: PostgreSQL → Debezium (a Connect resource) → Kafka → consumer → MongoDB.
 
-Consumer pods are run by the stack's local executor (the kubelet stand-in) as local processes
-of `fibers consume`, the same command the pods run. Some tests run that command directly, to
-kill it at will.
+Consumer pods run on the node's kubelet from the job image, as the chart's jobs ServiceAccount; tests
+delete them and kill their containers. Some tests also run `fibers consume` (what the pods run) as a
+local process, to kill it at will many times over.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pymongo import MongoClient
 
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
-from fibers.stack import StackInfo
+from fibers_stack import StackInfo, node
 from tests.helpers import Resources, produce, wait_for
 from tests.integration.conftest import OperatorProcess
 
@@ -157,6 +157,71 @@ def test_table_is_materialised_in_mongodb(
     assert status["readyInstances"] == 1
     assert status["checkpointConfigMap"] == f"{unique}-checkpoint"
     consumers.wait_status(unique, lambda s: s.get("lag") == 0 and s.get("eventsProcessed", 0) > 0, timeout=30)
+
+
+def consumer_pod(kube: ApiClient, namespace: str, name: str) -> client.V1Pod | None:
+    """The running, ready pod of a one-instance consumer (None while there is none)."""
+    pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"fibers.dev/databusconsumer={name}")
+    for pod in pods.items:
+        if (
+            pod.metadata.deletion_timestamp is None
+            and pod.status.phase == "Running"
+            and all(c.ready for c in pod.status.container_statuses or [])
+        ):
+            return pod
+    return None
+
+
+def test_consumer_pods_deleted_and_killed_lose_nothing(
+    consumers: Resources,
+    cdc: dict[str, Any],
+    mongo_secret: str,
+    stack_info: StackInfo,
+    kube: ApiClient,
+    namespace: str,
+    unique: str,
+) -> None:
+    """A real pod from the job image: deleted (the Deployment makes another), then its container killed
+    (the kubelet restarts it). Each time the view catches up with the table from the checkpoint."""
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    consumers.create(unique, {"sources": [cdc["topic"]], "sink": mongo_sink(mongo_secret, unique, "orders")})
+    rng = random.Random(7)
+    pod = wait_for(lambda: consumer_pod(kube, namespace, unique), timeout=120, what="a ready consumer pod")
+    container = pod.spec.containers[0]
+    assert container.image == stack_info.images["job"] and container.image_pull_policy in ("Never", "IfNotPresent")
+    assert pod.spec.service_account_name == "fibers-job"
+    assert container.security_context.read_only_root_filesystem is True
+    assert pod.spec.security_context.run_as_non_root is True
+    [uri_env] = [e for e in container.env if e.name == "FIBERS_SINK_MONGODB_URI"]
+    assert uri_env.value is None and uri_env.value_from.secret_key_ref.name == mongo_secret  # by reference only
+
+    def converged(what: str) -> None:
+        with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+            mutate(pg, cdc["table"], 8, rng, start_id=500 + 100 * len(what))
+            expected = table_rows(pg, cdc["table"])
+        wait_for(lambda: view_rows(mongo, unique, "orders") == expected, timeout=180, what=f"MongoDB = table {what}")
+
+    converged("at first")
+    client.CoreV1Api(kube).delete_namespaced_pod(pod.metadata.name, namespace)
+    converged("after the pod was deleted")
+    replacement = wait_for(
+        lambda: (p := consumer_pod(kube, namespace, unique)) and p.metadata.uid != pod.metadata.uid and p,
+        timeout=120,
+        what="the Deployment's new pod",
+    )
+    container_id = replacement.status.container_statuses[0].container_id.removeprefix("containerd://")
+    node.ctr(Path(stack_info.run_dir), "tasks", "kill", "-s", "SIGKILL", container_id)
+    restarted = wait_for(
+        lambda: (
+            (p := consumer_pod(kube, namespace, unique)) and p.status.container_statuses[0].restart_count >= 1 and p
+        ),
+        timeout=120,
+        what="the kubelet to restart the killed container",
+    )
+    assert restarted.metadata.uid == replacement.metadata.uid
+    assert restarted.status.container_statuses[0].last_state.terminated.exit_code != 0
+    converged("after the container was killed")
+    consumers.wait_condition(unique, "True", "Consuming", timeout=60)
 
 
 def checkpoint_modes(kube: ApiClient, namespace: str, name: str, seen: list[str], stop: threading.Event) -> None:

@@ -13,7 +13,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
-from fibers.stack import StackInfo
+from fibers_stack import StackInfo
 from tests.helpers import read_topic, wait_for
 
 pytestmark = pytest.mark.smoke
@@ -250,3 +250,75 @@ def test_spark_reads_one_topic_and_writes_another(stack_info: StackInfo, unique:
         spark.stop()
     values = read_topic(stack_info.kafka_bootstrap, f"{unique}-out", 10)
     assert sorted(v.decode() for v in values) == sorted(f"WORD{i}" for i in range(10))
+
+
+# ----- the node --------------------------------------------------------------------------------------
+
+
+def test_the_node_is_ready_and_runs_the_system_pods(kube: ApiClient) -> None:
+    [node] = k8s.CoreV1Api(kube).list_node().items
+    conditions = {c.type: c.status for c in node.status.conditions}
+    assert conditions["Ready"] == "True" and not node.spec.taints
+    assert node.status.node_info.kubelet_version.startswith("v1.")
+    assert node.status.node_info.container_runtime_version.startswith("containerd://")
+    pods = k8s.CoreV1Api(kube).list_pod_for_all_namespaces().items
+    running = {
+        p.metadata.namespace
+        + "/"
+        + p.metadata.labels.get("app.kubernetes.io/component", p.metadata.labels.get("k8s-app", ""))
+        for p in pods
+        if p.status.phase == "Running"
+    }
+    assert {"kube-system/kube-dns", "spark-operator/controller", "spark-operator/webhook"} <= running, running
+
+
+def test_a_pod_resolves_cluster_names_reaches_the_api_and_nothing_outside(
+    kube: ApiClient, stack_info: StackInfo, unique: str
+) -> None:
+    """From inside a pod of the job image: DNS (cluster names only: nothing outside resolves), the API
+    through the `kubernetes` Service with the pod's own token, and the stack's servers on the node IP."""
+    host, port = stack_info.kafka_bootstrap.split(":")
+    script = (
+        "import json, socket, ssl, urllib.request\n"
+        "out = {'api': socket.gethostbyname('kubernetes.default.svc.cluster.local')}\n"
+        "try:\n    socket.gethostbyname('example.com'); out['external'] = 'resolved'\n"
+        "except OSError:\n    out['external'] = 'no such name'\n"
+        "token = open('/var/run/secrets/kubernetes.io/serviceaccount/token').read()\n"
+        "ctx = ssl.create_default_context(cafile='/var/run/secrets/kubernetes.io/serviceaccount/ca.crt')\n"
+        "req = urllib.request.Request('https://kubernetes.default.svc/version',\n"
+        "                             headers={'Authorization': 'Bearer ' + token})\n"
+        "out['version'] = json.load(urllib.request.urlopen(req, context=ctx, timeout=10))['gitVersion']\n"
+        f"socket.create_connection(('{host}', {port}), 5).close()\n"
+        "out['kafka'] = 'reached'\n"
+        "print(json.dumps(out))\n"
+    )
+    core = k8s.CoreV1Api(kube)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": unique},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": stack_info.images["job"],
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", script],
+                }
+            ],
+        },
+    }
+    core.create_namespaced_pod("default", pod)
+    try:
+        wait_for(
+            lambda: core.read_namespaced_pod(unique, "default").status.phase in ("Succeeded", "Failed"),
+            timeout=120,
+            what="the probe pod to finish",
+        )
+        log = core.read_namespaced_pod_log(unique, "default")
+        assert core.read_namespaced_pod(unique, "default").status.phase == "Succeeded", log
+        result = json.loads(log.strip().splitlines()[-1])
+        assert result == {"api": "10.0.0.1", "external": "no such name", "version": "v1.35.4", "kafka": "reached"}
+    finally:
+        core.delete_namespaced_pod(unique, "default", grace_period_seconds=0)

@@ -6,13 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from fibers.stack import layout
+from fibers_stack import layout
 
 
 @pytest.fixture
 def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("k8sbin", "ferretdb", "kafka", "debezium", "spark-kafka"):
+    for name in ("k8sbin", "ferretdb", "kafka", "debezium", "spark-kafka", "coredns", "spark-operator", "pause"):
         (tmp_path / name).mkdir()
+    (tmp_path / "coredns" / "go.mod").write_text("module c\n\nrequire github.com/coredns/coredns v1.14.7\n")
+    (tmp_path / "spark-operator" / "go.mod").write_text(
+        "module s\n\nrequire github.com/kubeflow/spark-operator/v2 v2.5.0\n"
+    )
     (tmp_path / "k8sbin" / "go.mod").write_text(
         "module x\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 v3.6.5\n\tk8s.io/kubernetes v1.35.4\n)\n"
     )
@@ -29,7 +33,14 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_versions_come_from_the_recipes(tools: Path) -> None:
     assert layout.versions() == layout.Versions(
-        kubernetes="v1.35.4", etcd="v3.6.5", ferretdb="v1.24.2", kafka="4.1.1", debezium="3.3.2.Final", spark="4.0.0"
+        kubernetes="v1.35.4",
+        etcd="v3.6.5",
+        ferretdb="v1.24.2",
+        kafka="4.1.1",
+        debezium="3.3.2.Final",
+        spark="4.0.0",
+        coredns="v1.14.7",
+        spark_operator="v2.5.0",
     )
 
 

@@ -344,8 +344,9 @@ def test_full_spec_parses(tmp_path: Path) -> None:
     assert (spec.stream_back_topic, spec.spark_conf, spec.master) == (
         "report-results",
         {"spark.sql.shuffle.partitions": "2"},
-        "local[2]",
+        None,  # spark-submit's master (k8s://… in a driver pod); never forced
     )
+    assert JobSpec.from_dict(spec_dict(tmp_path, master="local[1]")).master == "local[1]"
     assert spec.uri_envs() == ["FIBERS_INPUT_PEOPLE_URI", "FIBERS_OUTPUT_URI"]
 
 
@@ -418,6 +419,123 @@ def test_main_prints_the_result_and_survives_an_unreachable_cluster(
     result = json.loads(last.removeprefix("FIBERS_RESULT "))
     assert (result["recordsOut"], result["streamedBack"]) == (2, None)
     assert "could not write the result ConfigMap" in err
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shared_spark: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark Operator only sees the exit code; the operator reads Spark's words from this ConfigMap."""
+    written: list[tuple[str, ...]] = []
+
+    def record(*args: str) -> bool:
+        written.append(args)
+        return True
+
+    monkeypatch.setattr(job, "write_error_config_map", record)
+    monkeypatch.setattr(job, "_prepare_core_api", lambda: None)
+    write_json_lines(tmp_path / "in", ORDERS)
+    spec = spec_dict(tmp_path, sql="SELECT * FROM missing_table", resultConfigMap="orders-report-1a2b3c4d-result")
+    code, _, err = run_main(spec, capsys)
+
+    assert code == 1
+    [(namespace, name, transform, message)] = written
+    assert (namespace, name, transform) == ("shop", "orders-report-1a2b3c4d-result", "orders-report")
+    assert "TABLE_OR_VIEW_NOT_FOUND" in message and message in err
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_an_invalid_spec_writes_its_error_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[tuple[str, ...]] = []
+
+    def record(*args: str) -> bool:
+        written.append(args)
+        return True
+
+    monkeypatch.setattr(job, "write_error_config_map", record)
+    code, _, _ = run_main(spec_dict(tmp_path, sql=None, resultConfigMap="r-result"), capsys)
+    assert code == 2
+    [(namespace, name, transform, message)] = written
+    assert (namespace, name, transform) == ("shop", "r-result", "orders-report")
+    assert message.startswith("invalid spec:") and "exactly one of spec.sql" in message
+
+
+def test_the_error_config_map_holds_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes import client
+
+    bodies: list[Any] = []
+
+    class FakeCore:
+        def __init__(self, api: object) -> None:
+            pass
+
+        def create_namespaced_config_map(self, namespace: str, body: Any, **kwargs: Any) -> None:
+            bodies.append(body)
+
+    monkeypatch.setattr("fibers.kube.load_client", lambda: object())
+    monkeypatch.setattr(client, "CoreV1Api", FakeCore)
+    job._core_api.cache_clear()
+    assert job.write_error_config_map("shop", "cm", "orders-report", "[X] " + "y" * 20_000)
+    [body] = bodies
+    assert set(body.data) == {"error"} and body.data["error"].startswith("[X] ")
+    assert len(body.data["error"]) == job.ERROR_LIMIT
+    assert body.metadata.labels["fibers.dev/transform"] == "orders-report"
+    job._core_api.cache_clear()
+
+
+class FakeBuilder:
+    """Records what fibers.spark.session asks of SparkSession.builder."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def appName(self, name: str) -> FakeBuilder:
+        self.calls.append(("appName", name))
+        return self
+
+    def master(self, master: str) -> FakeBuilder:
+        self.calls.append(("master", master))
+        return self
+
+    def config(self, key: str, value: str) -> FakeBuilder:
+        self.calls.append((key, value))
+        return self
+
+    def getOrCreate(self) -> str:
+        return "session"
+
+
+@pytest.fixture
+def fake_builder(monkeypatch: pytest.MonkeyPatch) -> FakeBuilder:
+    from pyspark.sql import SparkSession
+
+    builder = FakeBuilder()
+    monkeypatch.setattr(SparkSession, "builder", builder)
+    return builder
+
+
+def test_session_never_forces_a_master(fake_builder: FakeBuilder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a driver pod spark-submit has set spark.master=k8s://…; only an explicit master is passed on."""
+    monkeypatch.delenv("FIBERS_SPARK_KAFKA_JARS", raising=False)
+    fibers_spark.session("app")
+    assert "master" not in dict(fake_builder.calls)
+    fibers_spark.session("app", master="local[1]")
+    assert ("master", "local[1]") in fake_builder.calls
+
+
+def test_under_spark_submit_the_kafka_jars_come_from_the_class_path(
+    fake_builder: FakeBuilder, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """spark.jars set in a running driver would never reach its class loader (the SparkApplication sets it)."""
+    monkeypatch.setenv("FIBERS_SPARK_KAFKA_JARS", str(tmp_path / "no-such-dir"))
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
+    fibers_spark.session("app")
+    assert "spark.jars" not in dict(fake_builder.calls)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    with pytest.raises(RuntimeError, match="no spark-sql-kafka jar"):
+        fibers_spark.session("app")  # run bare: the jars are added, so a wrong directory is an error
 
 
 def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -113,16 +113,26 @@ watches them, so a CRD installed after the operator starts is picked up.
 {{- end }}
 
 {{/*
-What job pods do with the job ServiceAccount. DatabusConsumer pods keep their checkpoint ConfigMap
-(read, create, compare-and-swap replace); the Transform job writes its result ConfigMap (create,
-or replace when it exists). A Spark driver on Kubernetes creates, watches and deletes its executor
-pods and the ConfigMap it hands them.
+What job pods do with the job ServiceAccount (Spark executors run as it too, without its token).
+DatabusConsumer pods keep their checkpoint ConfigMap (read, create, compare-and-swap replace).
+A Transform's Spark driver (Spark 4.0 on Kubernetes, read from its fabric8 calls) writes the run's
+result ConfigMap (create, or replace when it exists); creates, watches, lists and deletes its executor
+pods, and labels them (get + patch) when they are kept; creates the ConfigMap it hands them; lists the
+PersistentVolumeClaims it could reuse; and on exit deletes its executors, their ConfigMap, its Service
+(created by spark-submit, not by the driver) and its claims by label: one deletecollection call, or a
+list and one delete each where that is refused.
 */}}
 {{- define "fibers.jobRules" -}}
 - apiGroups: [""]
-  resources: [configmaps]
-  verbs: [get, create, update, delete]
-- apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete, deletecollection]
+  verbs: [get, list, watch, create, patch, delete, deletecollection]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, create, update, delete, deletecollection]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, delete, deletecollection]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [list, delete, deletecollection]
 {{- end }}

@@ -61,7 +61,13 @@ def _secret_env(name: str, ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def deployment(
-    body: dict[str, Any], *, instance: int, config: dict[str, Any], image: str, service_account: str | None
+    body: dict[str, Any],
+    *,
+    instance: int,
+    config: dict[str, Any],
+    image: str,
+    service_account: str | None,
+    image_pull_policy: str = "IfNotPresent",
 ) -> dict[str, Any]:
     meta, spec = body["metadata"], body["spec"]
     name = meta["name"]
@@ -79,6 +85,7 @@ def deployment(
             {
                 "name": "consumer",
                 "image": spec.get("image") or image,
+                "imagePullPolicy": image_pull_policy,
                 "command": ["fibers", "consume"],
                 "env": env,
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},

@@ -30,10 +30,19 @@ MODE_ORDER = ["INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMP
 
 
 class DatabusReconciler:
-    def __init__(self, kube: Kube, *, kafka_bootstrap: str | None, image: str, service_account: str | None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        kafka_bootstrap: str | None,
+        image: str,
+        service_account: str | None,
+        image_pull_policy: str = "IfNotPresent",
+    ) -> None:
         self.kube = kube
         self.apps = client.AppsV1Api(kube.api)
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
+        self.image_pull_policy = image_pull_policy
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def reconcile(self, namespace: str, name: str) -> None:
@@ -74,7 +83,12 @@ class DatabusReconciler:
                     body, instance=instance, kafka_bootstrap=self.kafka_bootstrap, start_position=start
                 )
                 manifest = deployments.deployment(
-                    body, instance=instance, config=config, image=self.image, service_account=self.service_account
+                    body,
+                    instance=instance,
+                    config=config,
+                    image=self.image,
+                    image_pull_policy=self.image_pull_policy,
+                    service_account=self.service_account,
                 )
                 wanted.add(manifest["metadata"]["name"])
                 await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)

@@ -5,7 +5,8 @@ Run as ``python -m fibers.jobs.transform --spec '<json>'`` with the spec the ope
 Exit codes: 0 the batch finished, or a streaming query was stopped by SIGTERM/SIGINT; 1 the job failed
 (``fibers-transform: error: <Spark's message>`` on stderr); 2 the spec cannot be run (the message says
 which field to fix). A run that ends with 0 prints ``FIBERS_RESULT {...}`` as its last stdout line, and
-also writes it to the result ConfigMap when the spec names one.
+also writes it to the result ConfigMap when the spec names one; a failed run writes its error message
+there instead (key ``error``), so the operator can show Spark's words rather than an exit code.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ MODES = ("batch", "streaming")
 SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
 DEFAULT_TRIGGER_SECONDS = 2.0
 MONGO_TIMEOUT_MS = 15_000
+ERROR_LIMIT = 8192  # characters of an error kept in the result ConfigMap (Java stack traces run long)
 MONGO_BATCH = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
 _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -140,7 +142,7 @@ class JobSpec:
     trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
     output_mode: str = "append"  # streaming: append, update (aggregations), or complete
     spark_conf: dict[str, str] = field(default_factory=dict)
-    master: str = "local[2]"
+    master: str | None = None  # None: spark-submit's (k8s://… in a driver pod), or local[*] when run bare
     result_config_map: str | None = None
 
     @property
@@ -183,7 +185,7 @@ class JobSpec:
             trigger_seconds=_trigger_seconds(raw.get("trigger")),
             output_mode=_output_mode(raw.get("outputMode")),
             spark_conf=_str_map(raw.get("sparkConf"), "spec.sparkConf"),
-            master=_opt_str(raw, "master", "spec") or "local[2]",
+            master=_opt_str(raw, "master", "spec"),
             result_config_map=_opt_str(raw, "resultConfigMap", "spec"),
         )
         spec.check()
@@ -715,6 +717,20 @@ def write_result_config_map(namespace: str, name: str, transform_name: str, resu
 
     Values are strings, as ConfigMaps require; a missing value (no streamBack) is the empty string.
     """
+    data = {key: "" if value is None else str(value) for key, value in result.to_dict().items()}
+    return _write_config_map(namespace, name, transform_name, data)
+
+
+def write_error_config_map(namespace: str, name: str, transform_name: str, message: str) -> bool:
+    """The failure for the operator, in the same ConfigMap: `error` is Spark's message (already redacted).
+
+    The Spark Operator only sees the driver's exit code; this is what puts Spark's words (an error class
+    such as TABLE_OR_VIEW_NOT_FOUND) into the Transform's condition.
+    """
+    return _write_config_map(namespace, name, transform_name, {"error": truncate(message, ERROR_LIMIT)})
+
+
+def _write_config_map(namespace: str, name: str, transform_name: str, data: dict[str, str]) -> bool:
     try:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
@@ -722,8 +738,7 @@ def write_result_config_map(namespace: str, name: str, transform_name: str, resu
         core = _core_api()
         labels = {"app.kubernetes.io/managed-by": "fibers", "fibers.dev/transform": transform_name}
         body = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
-            data={key: "" if value is None else str(value) for key, value in result.to_dict().items()},
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels), data=data
         )
         try:
             core.create_namespaced_config_map(namespace, body, _request_timeout=10)
@@ -779,12 +794,31 @@ def _secrets(spec: JobSpec) -> list[str]:
     return [value for name in spec.uri_envs() if (value := os.environ.get(name))]
 
 
-def _fail(exc: BaseException, secrets: list[str]) -> int:
-    """Exit 1 with one error line; a traceback first when the failure is not Spark's (user code, pymongo)."""
+def _fail(exc: BaseException, spec: JobSpec) -> int:
+    """Exit 1 with one error line, also written to the result ConfigMap when the spec names one.
+
+    A traceback goes first when the failure is not Spark's (user code, pymongo).
+    """
+    secrets = _secrets(spec)
     if not isinstance(exc, PySparkException) and getattr(exc, "java_exception", None) is None:
         sys.stderr.write(redact("".join(traceback.format_exception(exc)), secrets))
-    print(f"fibers-transform: error: {redact(error_message(exc), secrets)}", file=sys.stderr, flush=True)
+    message = redact(error_message(exc), secrets)
+    print(f"fibers-transform: error: {message}", file=sys.stderr, flush=True)
+    if spec.result_config_map:
+        write_error_config_map(cast(str, spec.namespace), spec.result_config_map, spec.name, message)
     return 1
+
+
+def _invalid_spec(text: str, exc: SpecError) -> int:
+    """Exit 2; the message also goes to the result ConfigMap when the spec still names one."""
+    message = f"invalid spec: {exc}"
+    print(f"fibers-transform: error: {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        raw = json.loads(text)
+        target, namespace, name = raw.get("resultConfigMap"), raw.get("namespace"), raw.get("name")
+        if all(isinstance(v, str) and v for v in (target, namespace, name)):
+            write_error_config_map(namespace, target, name, message)
+    return 2
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -820,8 +854,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = JobSpec.from_json(args.spec)
     except SpecError as exc:
-        print(f"fibers-transform: error: invalid spec: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return _invalid_spec(args.spec, exc)
     log.info("transform starting", extra={"transform": spec.name, "run": spec.run, "mode": spec.mode})
     if spec.result_config_map:  # setting up the Kubernetes client takes ~0.6 s: do it while Spark starts
         threading.Thread(target=_prepare_core_api, daemon=True).start()
@@ -837,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = run(spark, spec)
     except Exception as exc:
-        return _fail(exc, _secrets(spec))
+        return _fail(exc, spec)
     finally:
         if spark is not None:
             spark.stop()

@@ -122,7 +122,8 @@ class TransformReconciler:
         if current_app is not None and current.get("applicationState") in (runs.SUSPENDED, runs.DEADLINE):
             current_app = None  # being deleted; keep what we recorded
         result = {}
-        if current_app is not None and sparkapp.state_of(current_app) in sparkapp.FINISHED_OK:
+        # The job writes its result, or its error, to a ConfigMap when its driver ends.
+        if current_app is not None and sparkapp.state_of(current_app) in sparkapp.DRIVER_ENDED:
             result = await self.apps.result(namespace, current["name"])
         mirrored = runs.mirror_run(current, current_app, result)
         view.body["status"] = status

@@ -8,6 +8,7 @@ current run into the Transform's status.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,11 +17,22 @@ from croniter import croniter
 
 from fibers import conditions
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
-from fibers.transform.sparkapp import FINISHED_FAILED, FINISHED_OK, RUNNING, finished, state_of
+from fibers.transform.sparkapp import (
+    FAILING,
+    FINISHED_FAILED,
+    FINISHED_OK,
+    RUNNING,
+    WAITING_FOR_DRIVER,
+    executor_states,
+    finished,
+    state_of,
+)
 from fibers.transform.spec import spec_hash
 
 SUSPENDED = "SUSPENDED"  # recorded in currentRun.applicationState when suspend stopped a run
 DEADLINE = "SubmissionDeadlineExceeded"
+NEW = "NEW"  # recorded while the SparkApplication has no state yet (the Spark Operator has not taken it up)
+MESSAGE_LIMIT = 2048
 
 
 @dataclass
@@ -69,9 +81,16 @@ class Plan:
 
 
 def run_name(transform: str, uid: str, key: str) -> str:
-    """Deterministic, so a retried start after a crash names the same SparkApplication."""
+    """Deterministic, so a retried start after a crash names the same SparkApplication.
+
+    The Spark Operator only admits DNS-1035 labels (a letter first, no dots): a Transform's name may be
+    any DNS subdomain, so dots become dashes and a leading digit gets a prefix.
+    """
     digest = hashlib.sha256(f"{uid}/{key}".encode()).hexdigest()[:8]
-    return f"{transform[:48]}-{digest}"
+    base = re.sub(r"[^a-z0-9-]", "-", transform.lower())
+    if not base[:1].isalpha():
+        base = f"run-{base}"
+    return f"{base[:48]}-{digest}"
 
 
 def _due_schedule(view: TransformView, now: datetime) -> datetime | None:
@@ -97,8 +116,7 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan
         return _trim_history(view, apps, result)
 
     if current_app is not None and not finished(current_app) and _past_deadline(view, current_app, now):
-        seconds = int(spec.get("submissionDeadlineSeconds", 300))
-        result.deadline_failed = f"no driver started within {seconds}s of submission"
+        result.deadline_failed = deadline_message(view, current_app)
         result.delete.append(current_app["metadata"]["name"])
         return _trim_history(view, apps, result)
 
@@ -133,11 +151,32 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan
 
 
 def _past_deadline(view: TransformView, app: dict[str, Any], now: datetime) -> bool:
-    status = app.get("status") or {}
-    if (status.get("driverInfo") or {}).get("podName"):
+    """No driver pod running yet, that long after the (last) submission.
+
+    The Spark Operator names driverInfo.podName when it submits, before the pod exists or runs, so the
+    state tells whether a driver runs: "" (not taken up), SUBMITTED (driver pod pending) or
+    SUBMISSION_FAILED. A restarted streaming run is measured from its own submission attempt.
+    """
+    if state_of(app) not in WAITING_FOR_DRIVER:
         return False
-    submitted = view.current.get("submittedAt") or app["metadata"]["creationTimestamp"]
-    return now - parse_time(submitted) > timedelta(seconds=int(view.spec.get("submissionDeadlineSeconds", 300)))
+    status = app.get("status") or {}
+    since = parse_time(view.current.get("submittedAt") or app["metadata"]["creationTimestamp"])
+    if status.get("lastSubmissionAttemptTime"):
+        since = max(since, parse_time(status["lastSubmissionAttemptTime"]))
+    return now - since > timedelta(seconds=int(view.spec.get("submissionDeadlineSeconds", 300)))
+
+
+def deadline_message(view: TransformView, app: dict[str, Any]) -> str:
+    seconds = int(view.spec.get("submissionDeadlineSeconds", 300))
+    state = state_of(app)
+    if state == "":
+        return (
+            f"the Spark Operator did not take up the run within {seconds}s "
+            f"(does it watch namespace {app['metadata'].get('namespace', '')}?)"
+        )
+    message = f"no driver started within {seconds}s of submission"
+    error = ((app.get("status") or {}).get("applicationState") or {}).get("errorMessage")
+    return f"{message}: {error}" if error else message
 
 
 def _trim_history(view: TransformView, apps: list[dict[str, Any]], result: Plan) -> Plan:
@@ -166,13 +205,18 @@ def _trim_history(view: TransformView, apps: list[dict[str, Any]], result: Plan)
 
 
 def mirror_run(current: dict[str, Any], app: dict[str, Any] | None, result: dict[str, str]) -> dict[str, Any]:
-    """currentRun as the SparkApplication's status shows it."""
+    """currentRun as the SparkApplication's status (and the job's result ConfigMap) shows it.
+
+    On a failure the job's own words win: it writes Spark's error to the result ConfigMap (`error`),
+    where the Spark Operator only knows the driver's exit code ("driver container failed with
+    ExitCode: 1, Reason: Error").
+    """
     run = dict(current)
     if app is None:
         return run
     status = app.get("status") or {}
     state = state_of(app)
-    run["applicationState"] = state or "SUBMITTED"
+    run["applicationState"] = state or NEW
     if (status.get("driverInfo") or {}).get("podName"):
         run["driverPod"] = status["driverInfo"]["podName"]
     if status.get("executionAttempts") is not None:
@@ -181,9 +225,17 @@ def mirror_run(current: dict[str, Any], app: dict[str, Any] | None, result: dict
         run["startedAt"] = status["lastSubmissionAttemptTime"]
     if status.get("terminationTime") and state in FINISHED_OK | FINISHED_FAILED:
         run["finishedAt"] = status["terminationTime"]
-    message = (status.get("applicationState") or {}).get("errorMessage")
-    if message and state in FINISHED_FAILED:
-        run["errorMessage"] = str(message)[:2048]
+    executors = executor_states(app)
+    if executors:
+        run["executors"] = executors
+    else:
+        run.pop("executors", None)
+    if state in FINISHED_FAILED | FAILING:
+        message = result.get("error") or (status.get("applicationState") or {}).get("errorMessage")
+        if message:
+            run["errorMessage"] = str(message)[:MESSAGE_LIMIT]
+    else:
+        run.pop("errorMessage", None)
     for key in ("recordsOut", "streamedBack"):
         value = str(result.get(key, ""))
         if value.isdigit():  # the job writes "null" when there was nothing to count
@@ -233,6 +285,11 @@ def _conditions(view: TransformView, run: dict[str, Any], state: str, waiting: s
     if state in FINISHED_FAILED:
         message = f"run {name} failed: {run.get('errorMessage') or 'no message from Spark'}"
         return cond(False, False, True, "RunFailed", message), "Failed"
+    if state in FAILING:
+        # Not final: the Spark Operator retries (streaming runs) or marks it FAILED at its next look.
+        what = "could not be submitted" if state == "SUBMISSION_FAILED" else "is failing"
+        message = f"run {name} {what}: {run.get('errorMessage') or 'no message from Spark'}"
+        return cond(False, True, False, "RunFailing", message), "Running" if state == "FAILING" else "Pending"
     if state in FINISHED_OK:
         if view.streaming:
             return cond(False, False, True, "StreamEnded", f"streaming run {name} ended"), "Failed"
@@ -240,7 +297,21 @@ def _conditions(view: TransformView, run: dict[str, Any], state: str, waiting: s
         records = f": {run['recordsOut']} records{back}" if "recordsOut" in run else ""
         return cond(True, False, False, "Succeeded", f"run {name} completed{records}"), "Succeeded"
     if state in RUNNING:
+        executors = _executors_text(run)
         if view.streaming:
-            return cond(True, False, False, "Running", f"streaming run {name} is running"), "Running"
-        return cond(False, True, False, "Running", f"run {name} is running"), "Running"
-    return cond(False, True, False, "Submitted", f"run {name} submitted, waiting for its driver"), "Pending"
+            return cond(True, False, False, "Running", f"streaming run {name} is running{executors}"), "Running"
+        return cond(False, True, False, "Running", f"run {name} is running{executors}"), "Running"
+    pending = {
+        NEW: f"run {name} created, waiting for the Spark Operator to submit it",
+        "PENDING_RERUN": f"run {name} failed and is submitted again (attempt {int(run.get('attempts', 0)) + 1})",
+        "UNKNOWN": f"run {name}: the state of its driver pod is unknown",
+    }
+    message = pending.get(state, f"run {name} submitted, waiting for its driver")
+    return cond(False, True, False, "Submitted", message), "Pending"
+
+
+def _executors_text(run: dict[str, Any]) -> str:
+    counts = run.get("executors") or {}
+    if not counts:
+        return ""
+    return ", executors: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items())

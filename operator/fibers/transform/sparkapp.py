@@ -1,12 +1,13 @@
 """SparkApplications (sparkoperator.k8s.io/v1beta2): building them and talking to the API about them.
 
-The Spark Operator turns each one into a driver pod that runs `fibers.jobs.transform`. The
-operator never runs spark-submit itself.
+The Spark Operator (Kubeflow, v2.5.0) turns each one into a driver pod that runs `fibers.jobs.transform`
+and starts its executors. Fibers never runs spark-submit itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from typing import Any, cast
 
@@ -20,11 +21,24 @@ GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 LABEL_TRANSFORM = "fibers.dev/transform"
 LABEL_TRIGGER = "fibers.dev/trigger"
 JOB_ENTRY = "local:///opt/fibers/transform_job.py"  # the job image's shim for `python -m fibers.jobs.transform`
+JOB_JARS = "/opt/fibers/jars/*"  # the job image's spark-sql-kafka jars, as a Java class path entry
+DRIVER_CONTAINER = "spark-kubernetes-driver"  # the names the Spark Operator gives Spark for the templates
+EXECUTOR_CONTAINER = "spark-kubernetes-executor"
+JOB_USER = 10001  # the job image's user and group (fibers:fibers)
+TMP_VOLUME = "tmp"
 
-# applicationState.state values, grouped the way Fibers reports them.
+# applicationState.state values of the Spark Operator (v2.5.0 api/v1beta2), grouped the way Fibers
+# reports them. Only COMPLETED and FAILED are final: SUBMISSION_FAILED and FAILING always move on, to
+# FAILED or (restartPolicy OnFailure) to another attempt; SUCCEEDING moves on to COMPLETED.
 FINISHED_OK = {"COMPLETED"}
-FINISHED_FAILED = {"FAILED", "SUBMISSION_FAILED"}
-RUNNING = {"RUNNING", "SUCCEEDING", "FAILING"}
+FINISHED_FAILED = {"FAILED"}
+FAILING = {"FAILING", "SUBMISSION_FAILED"}
+RUNNING = {"RUNNING", "SUCCEEDING"}
+# Until the driver pod runs: "" (the Spark Operator has not submitted it yet), SUBMITTED (the driver pod
+# exists but is not running), SUBMISSION_FAILED (spark-submit failed; retried or failed for good).
+WAITING_FOR_DRIVER = {"", "SUBMITTED", "SUBMISSION_FAILED"}
+# A driver ran and ended: its job has written the result ConfigMap (or the error) if it could.
+DRIVER_ENDED = {"SUCCEEDING", "COMPLETED", "FAILING", "FAILED"}
 
 
 def state_of(app: dict[str, Any]) -> str:
@@ -35,22 +49,116 @@ def finished(app: dict[str, Any]) -> bool:
     return state_of(app) in FINISHED_OK | FINISHED_FAILED
 
 
+def executor_states(app: dict[str, Any]) -> dict[str, int]:
+    """How many executors are in each state (PENDING, RUNNING, COMPLETED, FAILED, UNKNOWN)."""
+    counts: dict[str, int] = {}
+    for state in ((app.get("status") or {}).get("executorState") or {}).values():
+        counts[str(state)] = counts.get(str(state), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# The restricted Pod Security Standard, as the job image expects it: its numeric non-root user, a
+# read-only root filesystem (PySpark writes only to /tmp, an emptyDir), nothing more.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": JOB_USER,
+    "runAsGroup": JOB_USER,
+    "fsGroup": JOB_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": JOB_USER,
+    "runAsGroup": JOB_USER,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def pod_template(
+    container: str,
+    *,
+    env: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    api_token: bool,
+) -> dict[str, Any]:
+    """A Spark pod template (spec.driver.template / spec.executor.template).
+
+    Spark builds the pods from it itself, so what it carries reaches the pods whether or not the Spark
+    Operator's mutating webhook runs. The same settings in `driver.env`, `driver.securityContext`,
+    `spec.volumes`, … are applied by that webhook only, and silently dropped without it.
+    """
+    spec: dict[str, Any] = {
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}, *copy.deepcopy(volumes)],
+        "containers": [
+            {
+                "name": container,
+                **({"env": copy.deepcopy(env)} if env else {}),
+                "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+                "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}, *copy.deepcopy(mounts)],
+            }
+        ],
+    }
+    if not api_token:
+        spec["automountServiceAccountToken"] = False
+    return {"spec": spec}
+
+
+def _class_path(spark_conf: dict[str, str], key: str) -> str:
+    """The job image's Kafka jars after whatever class path the Transform sets itself."""
+    own = spark_conf.get(key)
+    return f"{own}:{JOB_JARS}" if own else JOB_JARS
+
+
 def build(
     transform: dict[str, Any], *, run: str, job: dict[str, Any], trigger: str, defaults: Defaults
 ) -> dict[str, Any]:
+    """The SparkApplication of one run, in the shape the Spark Operator v2.5.0 CRD accepts.
+
+    Secrets (MongoDB URIs) reach driver and executors as secretKeyRef environment variables in the
+    pod templates: by reference, never by value. Nothing goes into `driver.env`, `spec.volumes` or the
+    security context fields: the webhook would append those to the template's, duplicating the
+    variables and the `tmp` volume (a pod with two volumes of one name is rejected).
+    """
     meta, spec = transform["metadata"], transform["spec"]
     spark = spec.get("spark") or {}
     driver, executor = spark.get("driver") or {}, spark.get("executor") or {}
     streaming = spec.get("mode") == "streaming"
     service_account = spark.get("serviceAccount") or defaults.service_account
-    driver_spec: dict[str, Any] = {
-        "cores": driver.get("cores", 1),
-        "memory": driver.get("memory", "1g"),
-        "labels": {LABEL_TRANSFORM: meta["name"]},
-        "env": secret_envs(spec),
-    }
-    if service_account:
-        driver_spec["serviceAccount"] = service_account
+    env = secret_envs(spec)
+    volumes, mounts = list(spark.get("volumes") or []), list(spark.get("volumeMounts") or [])
+    labels = {LABEL_TRANSFORM: meta["name"]}
+    spark_conf = {str(k): str(v) for k, v in (spark.get("sparkConf") or {}).items()}
+    # spark-submit puts these on the JVM's class path at launch; jars a running driver adds later
+    # (spark.jars in the session builder) are shipped to executors but never reach the driver's own
+    # class loader, so the kafka source would be missing there.
+    spark_conf["spark.driver.extraClassPath"] = _class_path(spark_conf, "spark.driver.extraClassPath")
+    spark_conf["spark.executor.extraClassPath"] = _class_path(spark_conf, "spark.executor.extraClassPath")
+
+    def pods(side: dict[str, Any]) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "cores": int(side.get("cores", 1)),
+            "memory": str(side.get("memory") or defaults.memory),
+            "labels": dict(labels),
+        }
+        core_request = side.get("coreRequest") or defaults.core_request
+        if core_request:
+            fields["coreRequest"] = str(core_request)
+        if service_account:
+            fields["serviceAccount"] = service_account
+        return fields
+
+    driver_spec = pods(driver)
+    # The driver talks to the API (executor pods, its result ConfigMap); executors never do.
+    driver_spec["template"] = pod_template(DRIVER_CONTAINER, env=env, volumes=volumes, mounts=mounts, api_token=True)
+    executor_spec = {**pods(executor), "instances": int(executor.get("instances", 1))}
+    executor_spec["template"] = pod_template(
+        EXECUTOR_CONTAINER, env=env, volumes=volumes, mounts=mounts, api_token=False
+    )
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SparkApplication",
@@ -71,14 +179,14 @@ def build(
         },
         "spec": {
             "type": "Python",
-            "pythonVersion": "3",
             "mode": "cluster",
             "image": spark.get("image") or defaults.image,
-            "imagePullPolicy": "IfNotPresent",
+            "imagePullPolicy": defaults.image_pull_policy,
             "mainApplicationFile": JOB_ENTRY,
             "arguments": ["--spec", json.dumps(job, sort_keys=True)],
             "sparkVersion": defaults.spark_version,
-            "sparkConf": dict(spark.get("sparkConf") or {}),
+            "sparkConf": spark_conf,
+            # No timeToLiveSeconds: finished runs are kept and deleted by the history limits.
             "restartPolicy": (
                 {
                     "type": "OnFailure",
@@ -91,12 +199,7 @@ def build(
                 else {"type": "Never"}
             ),
             "driver": driver_spec,
-            "executor": {
-                "cores": executor.get("cores", 1),
-                "memory": executor.get("memory", "1g"),
-                "instances": executor.get("instances", 1),
-                "labels": {LABEL_TRANSFORM: meta["name"]},
-            },
+            "executor": executor_spec,
         },
     }
 

@@ -21,8 +21,11 @@ class Defaults:
 
     kafka_bootstrap: str | None = None
     image: str = "fibers-job:latest"
+    image_pull_policy: str = "IfNotPresent"  # the local stack uses Never: its images are imported, not pulled
     service_account: str | None = None
-    spark_version: str = "4.0.0"
+    spark_version: str = "4.0.0"  # the pyspark of the job image
+    core_request: str | None = "200m"  # CPU request of driver and executor pods (their `cores` is Spark's parallelism)
+    memory: str = "512m"  # driver and executor heap; PySpark adds at least 384 MiB of overhead to the pod
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
@@ -125,7 +128,7 @@ def render_job(
 
 
 def secret_envs(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Driver environment variables taken from Secrets (MongoDB URIs)."""
+    """Environment variables taken from Secrets (MongoDB URIs), by reference: driver and executors get them."""
     env = []
     for item in spec["inputs"]:
         if "mongodb" in item:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tools_dir() -> Path:
@@ -56,6 +56,8 @@ class Versions:
     kafka: str
     debezium: str
     spark: str
+    coredns: str
+    spark_operator: str
 
 
 @cache
@@ -68,6 +70,8 @@ def versions() -> Versions:
         kafka=_pom_property(tools / "kafka" / "pom.xml", "kafka.version"),
         debezium=_pom_property(tools / "debezium" / "pom.xml", "debezium.version"),
         spark=_pom_property(tools / "spark-kafka" / "pom.xml", "spark.version"),
+        coredns=_go_require(tools / "coredns" / "go.mod", "github.com/coredns/coredns"),
+        spark_operator=_go_require(tools / "spark-operator" / "go.mod", "github.com/kubeflow/spark-operator/v2"),
     )
 
 
@@ -80,6 +84,9 @@ class Artifacts:
     kafka_lib: Path
     connect_plugins: Path
     spark_kafka_jars: Path
+    coredns_bin: Path
+    spark_operator_bin: Path
+    pause_bin: Path
 
 
 def recipe_hash(recipe: str) -> str:
@@ -108,4 +115,21 @@ def artifacts() -> Artifacts:
         kafka_lib=c / f"kafka-{v.kafka}-{recipe_hash('kafka')}" / "lib",
         connect_plugins=c / f"connect-plugins-debezium-{v.debezium}-{recipe_hash('debezium')}",
         spark_kafka_jars=c / f"spark-kafka-{v.spark}-{recipe_hash('spark-kafka')}",
+        coredns_bin=c / "bin" / f"coredns-{v.coredns}-{recipe_hash('coredns')}" / "coredns",
+        spark_operator_bin=c
+        / "bin"
+        / f"spark-operator-{v.spark_operator}-{recipe_hash('spark-operator')}"
+        / "spark-operator",
+        pause_bin=c / "bin" / f"pause-{recipe_hash('pause')}" / "pause",
     )
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """Where `go` unpacked a module in the stack's module cache (capital letters are escaped as !x)."""
+    escaped = "".join(f"!{ch.lower()}" if ch.isupper() else ch for ch in module)
+    return cache_dir() / "gomod" / f"{escaped}@{version}"
+
+
+def spark_operator_module() -> Path:
+    """The Spark Operator's module: its CRDs (config/crd/bases) and Helm chart (charts/spark-operator-chart)."""
+    return go_module_dir("github.com/kubeflow/spark-operator/v2", versions().spark_operator)

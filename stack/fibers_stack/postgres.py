@@ -10,8 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fibers.stack.launcher import Launcher
-from fibers.stack.process import StackError, free_port, port_open
+from fibers_stack.launcher import Launcher
+from fibers_stack.network import NODE_IP, POD_CIDR
+from fibers_stack.process import StackError, free_port, port_open
 
 
 def _bindir() -> Path:
@@ -52,9 +53,13 @@ def start(launcher: Launcher) -> dict[str, str]:
         group=user,
         extra_groups=[] if user else None,
     )
+    # Connect (on the host) and pods reach PostgreSQL through the node IP.
+    with open(data / "pg_hba.conf", "a") as hba:
+        for source in (f"{NODE_IP}/32", POD_CIDR):
+            hba.write(f"host all all {source} trust\nhost replication all {source} trust\n")
     port = free_port()
     settings = {
-        "listen_addresses": "127.0.0.1",
+        "listen_addresses": NODE_IP,
         "port": port,
         "unix_socket_directories": sockets,
         "wal_level": "logical",
@@ -69,11 +74,11 @@ def start(launcher: Launcher) -> dict[str, str]:
         argv += ["-c", f"{key}={value}"]
     launcher.spawn("postgres", argv, user=user)
     launcher.wait("postgres", lambda: port_open(port) and _accepts(bindir, port), timeout=60)
-    return {"postgres_dsn": f"postgresql://postgres@127.0.0.1:{port}/postgres"}
+    return {"postgres_dsn": f"postgresql://postgres@{NODE_IP}:{port}/postgres"}
 
 
 def _accepts(bindir: Path, port: int) -> bool:
     return (
-        subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True).returncode
+        subprocess.run([str(bindir / "pg_isready"), "-h", NODE_IP, "-p", str(port)], capture_output=True).returncode
         == 0
     )

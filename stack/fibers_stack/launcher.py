@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fibers.stack import process
+from fibers_stack import process
 
 
 class Launcher:

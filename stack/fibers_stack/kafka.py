@@ -12,9 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from fibers.stack import fetch
-from fibers.stack.launcher import Launcher
-from fibers.stack.process import StackError, free_port, port_open
+from fibers_stack import fetch
+from fibers_stack.launcher import Launcher
+from fibers_stack.network import NODE_IP
+from fibers_stack.process import StackError, free_port, port_open
 
 REQUIRED_PLUGINS = (
     "org.apache.kafka.connect.file.FileStreamSourceConnector",
@@ -67,8 +68,8 @@ def start(launcher: Launcher) -> dict[str, str]:
     home = launcher.run_dir / "kafka"
     home.mkdir(parents=True, exist_ok=True)
     (home / "log4j2.properties").write_text(LOG4J2)
-    broker_port, controller_port, rest_port = free_port(), free_port(), free_port()
-    bootstrap = f"127.0.0.1:{broker_port}"
+    broker_port, controller_port, rest_port = free_port(), free_port("127.0.0.1"), free_port()
+    bootstrap = f"{NODE_IP}:{broker_port}"
 
     server = _properties(
         home / "server.properties",
@@ -104,7 +105,7 @@ def start(launcher: Launcher) -> dict[str, str]:
     launcher.spawn("kafka", _java(lib, home, "768m", "kafka.Kafka", str(server)))
     launcher.wait("kafka", lambda: port_open(broker_port), timeout=60)
 
-    connect_url = f"http://127.0.0.1:{rest_port}"
+    connect_url = f"http://{NODE_IP}:{rest_port}"
     worker = _properties(
         home / "connect-distributed.properties",
         {
@@ -124,7 +125,7 @@ def start(launcher: Launcher) -> dict[str, str]:
             "status.storage.partitions": 1,
             "offset.flush.interval.ms": 1000,
             "listeners": connect_url,
-            "rest.advertised.host.name": "127.0.0.1",
+            "rest.advertised.host.name": NODE_IP,
             "rest.advertised.port": rest_port,
             "plugin.path": plugins,
             "scheduled.rebalance.max.delay.ms": 0,

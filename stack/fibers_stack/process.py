@@ -15,18 +15,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fibers_stack.network import NODE_IP
+
 
 class StackError(RuntimeError):
     """A component did not start; the message carries the tail of its log."""
 
 
-def free_port() -> int:
+def free_port(host: str = NODE_IP) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
+def port_open(port: int, host: str = NODE_IP) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0

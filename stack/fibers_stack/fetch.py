@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fibers.stack.layout import artifacts, cache_dir, helm_bin, helm_version, tools_dir, versions
-from fibers.stack.process import log_tail
+from fibers_stack.layout import artifacts, cache_dir, helm_bin, helm_version, tools_dir, versions
+from fibers_stack.process import log_tail
 
-log = logging.getLogger("fibers.stack.fetch")
+log = logging.getLogger("fibers_stack.fetch")
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
@@ -72,6 +72,19 @@ def _build_into(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def _go_binary(binary: Path, recipe: str, package: str, what: str, ldflags: str = "-s -w") -> Path:
+    """Build one Go command from its recipe under tools/ into binary's own cache folder."""
+
+    def build(out: Path) -> None:
+        log.info("building %s", what)
+        _run(
+            ["go", "build", "-ldflags", ldflags, "-o", str(out / binary.name), package], tools_dir() / recipe, _go_env()
+        )
+
+    _build_into(binary.parent, build)
+    return binary
+
+
 def kubernetes() -> Path:
     v = versions().kubernetes
     minor = v.split(".")[1]
@@ -88,7 +101,7 @@ def kubernetes() -> Path:
 
     def build(out: Path) -> None:
         cwd = tools_dir() / "k8sbin"
-        for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"):
             log.info("building %s %s (cold: 5-15 minutes each on 2 cores)", cmd, v)
             _run(
                 ["go", "build", "-ldflags", ldflags, "-o", str(out / cmd), f"k8s.io/kubernetes/cmd/{cmd}"],
@@ -104,18 +117,16 @@ def kubernetes() -> Path:
     return _build_into(artifacts().kubernetes_bin, build)
 
 
+def kubernetes_if_built() -> Path | None:
+    """The Kubernetes binaries when they are in the cache (a teardown must not start a build)."""
+    path = artifacts().kubernetes_bin
+    return path if path.exists() else None
+
+
 def ferretdb() -> Path:
     """The FerretDB binary (our small main package over FerretDB's embeddable API)."""
-    binary = artifacts().ferretdb_bin
-
-    def build(out: Path) -> None:
-        log.info("building ferretdb %s (cold: about a minute)", versions().ferretdb)
-        _run(
-            ["go", "build", "-ldflags", "-s -w", "-o", str(out / binary.name), "."], tools_dir() / "ferretdb", _go_env()
-        )
-
-    _build_into(binary.parent, build)
-    return binary
+    v = versions().ferretdb
+    return _go_binary(artifacts().ferretdb_bin, "ferretdb", ".", f"ferretdb {v} (cold: about a minute)")
 
 
 def kafka() -> Path:
@@ -133,6 +144,24 @@ def connect_plugins() -> Path:
 
 def spark_kafka_jars() -> Path:
     return _build_into(artifacts().spark_kafka_jars, lambda out: _mvn_copy("spark-kafka", out))
+
+
+def coredns() -> Path:
+    """CoreDNS, unmodified: the node's cluster DNS."""
+    v = versions().coredns
+    return _go_binary(artifacts().coredns_bin, "coredns", "github.com/coredns/coredns", f"coredns {v} (cold: ~3 min)")
+
+
+def spark_operator() -> Path:
+    """The Kubeflow Spark Operator's controller/webhook command (its chart and CRDs come with the module)."""
+    v = versions().spark_operator
+    package = "github.com/kubeflow/spark-operator/v2/cmd/operator"
+    return _go_binary(artifacts().spark_operator_bin, "spark-operator", package, f"spark-operator {v} (cold: ~2 min)")
+
+
+def pause() -> Path:
+    """The pod sandbox binary (tools/pause)."""
+    return _go_binary(artifacts().pause_bin, "pause", ".", "pause")
 
 
 def helm() -> Path:
@@ -160,6 +189,14 @@ def helm() -> Path:
     return binary
 
 
+def container_images() -> Path:
+    """The node's images (see `images`), built from the binaries above: keep it last in COMPONENTS."""
+    from fibers_stack import images  # imported here: images builds on this module
+
+    images.build_all()
+    return images.images_dir()
+
+
 COMPONENTS: dict[str, Callable[[], Path]] = {
     "kafka": kafka,
     "connect-plugins": connect_plugins,
@@ -167,6 +204,10 @@ COMPONENTS: dict[str, Callable[[], Path]] = {
     "ferretdb": ferretdb,
     "kubernetes": kubernetes,
     "helm": helm,
+    "coredns": coredns,
+    "spark-operator": spark_operator,
+    "pause": pause,
+    "images": container_images,  # last: it needs pause, coredns and spark-operator
 }
 
 

@@ -2,15 +2,17 @@
 
 PostgreSQL `orders` → Connect (Debezium) → Kafka → Transforms (a streaming aggregation, a batch
 report streamed back) and DatabusConsumers (the bootstrap store, and a MongoDB view of the table
-that bootstraps from it). It writes orders, shows every resource converging, and checks the
+that bootstraps from it). The operator is installed as a user installs it, `helm install
+charts/fibers`, and runs as a pod with the chart's RBAC; Spark drivers and executors and the consumers
+run as pods on the node. It writes orders, shows every resource and pod converging, and checks the
 MongoDB view against the table.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -24,12 +26,14 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
-from fibers import stack
-from fibers.stack import StackInfo
+import fibers_stack as stack
+from fibers_stack import StackInfo, fetch, spark_operator
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 NAMESPACE = "shop"
+RELEASE, RELEASE_NAMESPACE = "fibers", "fibers-system"
+DATA_DIR = Path("/tmp/fibers-demo")  # on the node: the Transforms' hostPath volume (checkpoints, reports)
 PLURALS = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers"}
 
 
@@ -70,6 +74,13 @@ def _wait(probe: Callable[[], bool], timeout: float, what: str, tick: Callable[[
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def _helm(info: StackInfo, *args: str, check: bool = True) -> None:
+    argv = [str(fetch.helm()), "--kubeconfig", info.kubeconfig, *args]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"helm {args[0]} failed: {result.stderr.strip()}")
+
+
 def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None:
     core = client.CoreV1Api(api)
     try:
@@ -96,7 +107,16 @@ def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None
     mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
     mongo.drop_database("shop")
     mongo.drop_database("shop_store")
-    subprocess.run(["rm", "-rf", "/tmp/fibers-demo"], check=False)
+    shutil.rmtree(DATA_DIR, ignore_errors=True)
+    for sub in ("checkpoints", "reports"):
+        (DATA_DIR / sub).mkdir(parents=True)
+    for path in (DATA_DIR, DATA_DIR / "checkpoints", DATA_DIR / "reports"):
+        path.chmod(0o777)  # the Spark pods run as the job image's user
+
+
+def _uninstall_operator(api: client.ApiClient, info: StackInfo, screen: Screen) -> None:
+    """The previous demo's operator goes last: it deletes the previous connector on the way out."""
+    _helm(info, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", check=False)
 
 
 def _install(api: client.ApiClient, info: StackInfo) -> None:
@@ -112,7 +132,8 @@ def _install(api: client.ApiClient, info: StackInfo) -> None:
                 raise
             ext.create_custom_resource_definition(body)
     core = client.CoreV1Api(api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    labels = {spark_operator.JOB_NAMESPACE_LABEL: "enabled"}  # the Spark Operator runs its SparkApplications
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE, labels=labels)))
     dsn = psycopg.conninfo.conninfo_to_dict(info.postgres_dsn)
     core.create_namespaced_secret(
         NAMESPACE,
@@ -127,17 +148,50 @@ def _install(api: client.ApiClient, info: StackInfo) -> None:
     )
 
 
-def _start_operator(info: StackInfo) -> None:
-    log_file = Path(info.run_dir) / "logs" / "operator.log"
-    with open(log_file, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fibers", "run", "-n", NAMESPACE],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **info.env()},
-            start_new_session=True,
-        )
-    stack.adopt_process("operator", proc.pid, [sys.executable, "-m", "fibers", "run", "-n", NAMESPACE])
+def _install_operator(info: StackInfo) -> None:
+    """`helm install charts/fibers`, as the README says, with the images this stack built."""
+    values = {
+        "image": {
+            "repository": _repository(info.images["operator"]),
+            "tag": _tag(info.images["operator"]),
+            "pullPolicy": "Never",
+        },
+        "watch": {"namespaces": [NAMESPACE]},
+        "connect": {"url": info.connect_url},
+        "kafka": {"bootstrap": info.kafka_bootstrap},
+        "jobs": {
+            "image": {
+                "repository": _repository(info.images["job"]),
+                "tag": _tag(info.images["job"]),
+                "pullPolicy": "Never",
+            }
+        },
+    }
+    values_file = Path(info.run_dir) / "demo-values.json"
+    values_file.write_text(json.dumps(values, indent=2))
+    _helm(
+        info,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(REPO / "charts" / "fibers"),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--values",
+        str(values_file),
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+
+
+def _repository(image: str) -> str:
+    return image.rpartition(":")[0]
+
+
+def _tag(image: str) -> str:
+    return image.rpartition(":")[2]
 
 
 def _apply(api: client.ApiClient, path: Path) -> str:
@@ -206,6 +260,26 @@ def _resources(api: client.ApiClient) -> dict[str, dict[str, Any]]:
     return found
 
 
+def _pods(api: client.ApiClient) -> str:
+    """`kubectl get pods` of the demo's namespaces: the operator, Spark drivers and executors, consumers."""
+    core = client.CoreV1Api(api)
+    rows = [["POD", "STATUS", "RESTARTS"]]
+    for namespace in (RELEASE_NAMESPACE, NAMESPACE):
+        pods: list[Any] = core.list_namespaced_pod(namespace).items
+        for pod in sorted(pods, key=lambda p: str(p.metadata.name)):
+            statuses = pod.status.container_statuses or []
+            waiting = next((c.state.waiting.reason for c in statuses if c.state and c.state.waiting), None)
+            rows.append(
+                [
+                    f"{namespace}/{pod.metadata.name}",
+                    waiting or str(pod.status.phase),
+                    str(sum(c.restart_count for c in statuses)),
+                ]
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+
+
 def _render(resources: dict[str, dict[str, Any]]) -> str:
     rows = [["RESOURCE", "PHASE", "READY", "DETAIL"]]
     rows += [_summary_line(key.split("/")[0], item) for key, item in sorted(resources.items())]
@@ -243,14 +317,16 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     info = stack.up()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     _clean_slate(api, info, screen)
-    screen.step("installing the CRDs and the shop namespace, starting the operator")
+    _uninstall_operator(api, info, screen)
+    screen.step("installing the CRDs and the shop namespace")
     _install(api, info)
-    _start_operator(info)
+    screen.step(f"helm install {RELEASE} charts/fibers -n {RELEASE_NAMESPACE}  (the operator, as a pod)")
+    _install_operator(info)
     for path in sorted(EXAMPLES.glob("0[1-4]-*.yaml")):
         screen.step(f"kubectl apply -f examples/{path.name}  →  {_apply(api, path)}")
 
     def refresh() -> None:
-        screen.table(_render(_resources(api)))
+        screen.table(_render(_resources(api)) + "\n\n" + _pods(api))
 
     _wait(
         lambda: bool((_resources(api).get("Connect/orders-cdc", {}).get("status") or {}).get("topics")),
@@ -275,7 +351,7 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     same = table == view
     report = [
         json.loads(line)
-        for f in Path("/tmp/fibers-demo/reports/orders-report").glob("part-*")
+        for f in (DATA_DIR / "reports" / "orders-report").glob("part-*")
         for line in f.read_text().splitlines()
     ]
     screen.step(
@@ -292,8 +368,9 @@ Done in {time.monotonic() - started:.0f}s. The stack keeps running; explore it:
   kubectl describe databusconsumer orders-view -n shop
   kubectl get connect orders-cdc -n shop -o yaml   # status: connector, tasks, topics
   kubectl get sparkapplications -n shop
+  kubectl get pods -n shop                         # Spark drivers and executors, consumer pods
   kubectl get configmap orders-view-checkpoint -n shop -o yaml   # Databus checkpoints
-  less {info.log_dir}/operator.log
+  kubectl logs -n {RELEASE_NAMESPACE} deploy/{RELEASE}           # the operator
 
 `make demo-down` stops everything.""",
         flush=True,

@@ -6,9 +6,10 @@ so nothing in Fibers may rely on them.
 
 from __future__ import annotations
 
-from fibers.stack import fetch
-from fibers.stack.launcher import Launcher
-from fibers.stack.process import free_port, port_open
+from fibers_stack import fetch
+from fibers_stack.launcher import Launcher
+from fibers_stack.network import NODE_IP
+from fibers_stack.process import free_port, port_open
 
 
 def start(launcher: Launcher) -> dict[str, str]:
@@ -21,8 +22,8 @@ def start(launcher: Launcher) -> dict[str, str]:
         [
             str(binary),
             f"--sqlite-url=file:{home}/",
-            f"--listen-addr=127.0.0.1:{port}",
+            f"--listen-addr={NODE_IP}:{port}",
         ],
     )
     launcher.wait("ferretdb", lambda: port_open(port), timeout=30)
-    return {"mongodb_uri": f"mongodb://127.0.0.1:{port}/"}
+    return {"mongodb_uri": f"mongodb://{NODE_IP}:{port}/"}

@@ -1,0 +1,329 @@
+"""The local stack: a real one-node Kubernetes cluster, Kafka + Connect, PostgreSQL and FerretDB.
+
+Test and demo infrastructure only (never shipped with the operator). `up()` starts what is missing and
+records endpoints and pids in <run dir>/stack.json; `down()` stops every process it started and removes
+what the node added to the host (mounts, links, iptables chains, cgroups).
+
+The cluster is real: containerd runs the pods, the kubelet reports a Ready node, kube-proxy and
+CoreDNS serve Services, and the Kubeflow Spark Operator runs SparkApplications, all from images
+built here from this repository's Dockerfile (see `images`). Servers bind to the node IP, which the
+pods reach (see `network`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fibers_stack import coredns, ferretdb, fetch, images, kafka, kube, network, node, postgres, process, spark_operator
+from fibers_stack.launcher import Launcher
+from fibers_stack.layout import run_dir
+
+log = logging.getLogger("fibers_stack")
+
+STOP_SIGNALS = {"postgres": signal.SIGINT}  # SIGINT is PostgreSQL's fast shutdown
+# Stopped in this order: clients before servers, and the node's workloads drained (see `_drain`)
+# while the kubelet still runs; the API server last but etcd.
+STOP_ORDER = (
+    "kafka-connect",
+    "kafka",
+    "ferretdb",
+    "postgres",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "containerd",
+    "kube-apiserver",
+    "etcd",
+)
+
+
+@dataclass
+class StackInfo:
+    run_dir: str
+    kubeconfig: str = ""
+    apiserver: str = ""
+    kafka_bootstrap: str = ""
+    connect_url: str = ""
+    postgres_dsn: str = ""
+    mongodb_uri: str = ""
+    spark_kafka_jars: str = ""
+    kube_pki: str = ""
+    node_ip: str = network.NODE_IP
+    images: dict[str, str] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    commands: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.run_dir) / "logs"
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point clients (kubectl, jobs, the operator) at this stack."""
+        return {
+            "KUBECONFIG": self.kubeconfig,
+            "FIBERS_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "FIBERS_CONNECT_URL": self.connect_url,
+            "FIBERS_POSTGRES_DSN": self.postgres_dsn,
+            "FIBERS_MONGODB_URI": self.mongodb_uri,
+            "FIBERS_SPARK_KAFKA_JARS": self.spark_kafka_jars,
+            "FIBERS_JOB_IMAGE": self.images.get("job", ""),
+            "FIBERS_JOB_IMAGE_PULL_POLICY": "Never",
+        }
+
+    def dead(self) -> list[str]:
+        return [name for name, pid in self.pids.items() if not process.alive(pid)]
+
+
+def _state_file() -> Path:
+    return run_dir() / "stack.json"
+
+
+def current() -> StackInfo | None:
+    """The recorded stack, if any (running or not)."""
+    try:
+        return StackInfo(**json.loads(_state_file().read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def up() -> StackInfo:
+    """Start the whole stack, or return the running one."""
+    running = current()
+    if running and running.pids and not running.dead():
+        log.info("stack already running", extra={"run_dir": running.run_dir})
+        return running
+    if running:
+        down()
+    fetch.fetch_all()  # builds happen here, once, before any server starts
+    built = images.build_all()
+
+    root = run_dir()
+    shutil.rmtree(root, ignore_errors=True)  # every start is a fresh cluster
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+    network.setup()
+    launcher = Launcher(root)
+    info = StackInfo(run_dir=str(root), spark_kafka_jars=str(fetch.spark_kafka_jars()), images=built.refs())
+    started = time.monotonic()
+    components: dict[str, Callable[[], dict[str, str]]] = {
+        "kubernetes": lambda: _start_kubernetes(launcher, built),
+        "kafka": lambda: kafka.start(launcher),
+        "postgres": lambda: postgres.start(launcher),
+        "ferretdb": lambda: ferretdb.start(launcher),
+    }
+    try:
+        with ThreadPoolExecutor(len(components)) as pool:
+            futures = {name: pool.submit(start) for name, start in components.items()}
+            for name, future in futures.items():
+                for key, value in future.result().items():
+                    setattr(info, key, value)
+                log.info("%s ready", name, extra={"seconds": round(time.monotonic() - started, 1)})
+    except BaseException:
+        info.pids = dict(launcher.pids)
+        _save(info)
+        down()
+        raise
+    info.pids = dict(launcher.pids)
+    info.commands = dict(launcher.commands)
+    _save(info)
+    log.info("stack up", extra={"seconds": round(time.monotonic() - started, 1), "logs": str(info.log_dir)})
+    return info
+
+
+def _start_kubernetes(launcher: Launcher, built: images.Images) -> dict[str, str]:
+    """Control plane and containerd side by side, then the node, CoreDNS and the Spark Operator."""
+    from kubernetes import config
+
+    with ThreadPoolExecutor(2) as pool:
+        plane = pool.submit(kube.start, launcher)
+        runtime = pool.submit(_start_runtime, launcher, built)
+        endpoints = plane.result()
+        runtime.result()
+    node.start_kubelet(launcher, endpoints["apiserver"], Path(endpoints["kube_pki"]))
+    node.start_kube_proxy(launcher, endpoints["kubeconfig"])
+    api = config.new_client_from_config(config_file=endpoints["kubeconfig"])
+    try:
+        coredns.install(api, built.coredns)
+        spark_operator.install(api, endpoints["kubeconfig"], built.spark_operator, run_dir=launcher.run_dir)
+        process.wait_until(
+            lambda: coredns.ready(api),
+            name="coredns",
+            pid=launcher.pids["kubelet"],
+            log_file=launcher.log_file("kubelet"),
+            timeout=120,
+        )
+    finally:
+        api.close()
+    return endpoints
+
+
+def _start_runtime(launcher: Launcher, built: images.Images) -> None:
+    socket = node.start_containerd(launcher, built.pause)
+    images.import_into(socket, built)
+
+
+def _save(info: StackInfo) -> None:
+    _state_file().write_text(json.dumps(asdict(info), indent=2))
+
+
+def adopt_process(name: str, pid: int, argv: list[str]) -> None:
+    """Record a process started next to the stack (the demo's operator) so `down` stops it too."""
+    info = current()
+    if info is None:
+        raise RuntimeError("no stack is running")
+    if name in info.pids and process.alive(info.pids[name]):
+        process.stop(info.pids[name])
+    info.pids[name] = pid
+    info.commands[name] = {"argv": argv, "user": None, "env": None}
+    _save(info)
+
+
+def stop_component(name: str) -> None:
+    """Stop one server of the running stack (tests use this to see the operator cope)."""
+    info = current()
+    if info is None or name not in info.pids:
+        raise KeyError(f"no running stack component {name!r}")
+    process.stop(info.pids[name], STOP_SIGNALS.get(name, signal.SIGTERM))
+
+
+def start_component(name: str, ready: Callable[[], bool], timeout: float = 120) -> None:
+    """Start a stopped server again with the same command line, ports and data."""
+    info = current()
+    if info is None or name not in info.commands:
+        raise KeyError(f"no stack component {name!r}")
+    launcher = Launcher(Path(info.run_dir))
+    command = info.commands[name]
+    launcher.spawn(name, command["argv"], user=command.get("user"), env=command.get("env"))
+    launcher.wait(name, ready, timeout)
+    info.pids[name] = launcher.pids[name]
+    _save(info)
+
+
+def _stop(info: StackInfo, name: str) -> None:
+    if name in info.pids:
+        process.stop(
+            info.pids[name], STOP_SIGNALS.get(name, signal.SIGTERM), timeout=60 if name == "kube-apiserver" else 20
+        )
+
+
+def _drain(info: StackInfo) -> None:
+    """Delete every pod while the kubelet runs, so it unmounts volumes and tears pod networks down.
+
+    The controller manager and scheduler are already stopped, so nothing comes back.
+    """
+    from kubernetes import client, config
+
+    if not info.kubeconfig or not process.alive(info.pids.get("kube-apiserver", 0)):
+        return
+    try:
+        api = config.new_client_from_config(config_file=info.kubeconfig)
+        core = client.CoreV1Api(api)
+        pods: list[Any] = core.list_pod_for_all_namespaces().items
+        for pod in pods:
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        deadline = time.monotonic() + 30
+        while (
+            time.monotonic() < deadline
+            and node.ctr(Path(info.run_dir), "tasks", "list", "-q", check=False).stdout.strip()
+        ):
+            time.sleep(0.5)
+        api.close()
+    except Exception as exc:  # a half-started stack: the host clean-up below still runs
+        log.warning("could not drain the node: %s", exc)
+
+
+def _stop_all(info: StackInfo) -> None:
+    extras = [name for name in info.pids if name not in STOP_ORDER]  # the demo's operator, …
+    for name in (*extras, *STOP_ORDER):
+        if name == "kubelet":
+            _drain(info)
+        _stop(info, name)
+    root = Path(info.run_dir)
+    if (root / "containerd").exists() and shutil.which("ctr"):
+        _cleanup_runtime(info)
+    node.unmount_all(root)
+    bins = fetch.kubernetes_if_built()
+    if bins is not None:
+        subprocess.run([str(bins / "kube-proxy"), "--cleanup"], capture_output=True, check=False)
+    network.teardown()
+    node.remove_cgroups()
+    node.clear_host_paths()
+
+
+def _cleanup_runtime(info: StackInfo) -> None:
+    """Containers the drain did not reach (a kubelet that had died): containerd removes them, then stops."""
+    root = Path(info.run_dir)
+    launcher = Launcher(root)
+    launcher.spawn("containerd-cleanup", info.commands.get("containerd", {}).get("argv") or ["true"])
+    try:
+        process.wait_until(
+            lambda: node.ctr(root, "version", check=False).returncode == 0,
+            name="containerd",
+            pid=launcher.pids["containerd-cleanup"],
+            log_file=launcher.log_file("containerd-cleanup"),
+            timeout=30,
+        )
+        node.remove_containers(root)
+    except process.StackError as exc:
+        log.warning("containerd clean-up: %s", exc)
+    finally:
+        process.stop(launcher.pids["containerd-cleanup"])
+
+
+def down() -> None:
+    """Stop every recorded process, remove what the node added to the host, and the run directory's data."""
+    info = current()
+    if info is None:
+        return
+    _stop_all(info)
+    root = Path(info.run_dir)
+    for child in root.iterdir():
+        if child.name != "logs":
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink()
+    log.info("stack down", extra={"run_dir": str(root)})
+
+
+def leftovers() -> list[str]:
+    """What a stack left on the host after `down` (tests assert it is empty)."""
+    root = run_dir()
+    found = [f"mount {m}" for m in node.leftover_mounts(root)] + network.leftovers()
+    found += [f"cgroup {c}" for c in node.leftover_cgroups()]
+    names = {"containerd", "kubelet", "kube-apiserver", "etcd", "kube-proxy", "coredns", "spark-operator"}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                comm = (proc / "comm").read_text().strip()
+            except OSError:
+                continue
+            if (comm in names or comm.startswith("containerd-shim")) and process.alive(int(proc.name)):
+                found.append(f"process {comm} ({proc.name})")
+    return found
+
+
+def status() -> int:
+    """Print the stack's processes, the node and the pods; 0 when everything is up."""
+    recorded = current()
+    if recorded is None:
+        print("no stack recorded")
+        return 1
+    dead = recorded.dead()
+    print(json.dumps({**asdict(recorded), "dead": dead}, indent=2))
+    if recorded.pids and "kube-apiserver" not in dead:
+        kubectl = fetch.kubernetes() / "kubectl"
+        for what in (["get", "nodes", "-o", "wide"], ["get", "pods", "-A", "-o", "wide"]):
+            subprocess.run([str(kubectl), "--kubeconfig", recorded.kubeconfig, *what], check=False)
+    return 1 if dead or not recorded.pids else 0

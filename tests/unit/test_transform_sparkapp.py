@@ -1,0 +1,503 @@
+"""The SparkApplication of a run, as the real Spark Operator (v2.5.0) takes it, and its status as Fibers reads it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from fibers import controller
+from fibers.conditions import format_time
+from fibers.transform import runs, sparkapp
+from fibers.transform.runs import TransformView
+from fibers.transform.spec import Defaults, render_job, spec_hash
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+SECURE = {"runAsNonRoot", "runAsUser", "runAsGroup", "readOnlyRootFilesystem", "allowPrivilegeEscalation"}
+
+
+def transform(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "fibers.dev/v1alpha1",
+        "kind": "Transform",
+        "metadata": {
+            "name": "orders-report",
+            "namespace": "shop",
+            "uid": "0b7c5e1e-1111-2222-3333-444455556666",
+            "generation": 1,
+            "creationTimestamp": format_time(NOW - timedelta(minutes=10)),
+        },
+        "spec": {
+            "inputs": [
+                {"name": "orders", "kafka": {"topics": ["orders"]}},
+                {
+                    "name": "people",
+                    "mongodb": {"uriSecretRef": {"name": "mongo", "key": "uri"}, "database": "d", "collection": "p"},
+                },
+            ],
+            "sql": "SELECT * FROM orders",
+            "output": {
+                "mongodb": {"uriSecretRef": {"name": "mongo-out", "key": "uri"}, "database": "d", "collection": "c"}
+            },
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def build(
+    body: dict[str, Any] | None = None, defaults: Defaults | None = None, trigger: str = "create"
+) -> dict[str, Any]:
+    body = body or transform()
+    defaults = defaults or Defaults(kafka_bootstrap="kafka:9092", service_account="fibers-job")
+    job = render_job(
+        body["spec"],
+        name="orders-report",
+        namespace="shop",
+        run="orders-report-1a2b3c4d",
+        connect_topics={},
+        defaults=defaults,
+    )
+    return sparkapp.build(body, run="orders-report-1a2b3c4d", job=job, trigger=trigger, defaults=defaults)
+
+
+def container(app: dict[str, Any], side: str) -> dict[str, Any]:
+    [only] = app["spec"][side]["template"]["spec"]["containers"]
+    return dict(only)
+
+
+# --- what reaches the pods -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("side", "name"), [("driver", "spark-kubernetes-driver"), ("executor", "spark-kubernetes-executor")]
+)
+def test_pod_templates_carry_secret_refs_security_and_tmp_for_driver_and_executors(side: str, name: str) -> None:
+    """Spark builds pods from the templates, so this arrives with or without the Spark Operator's webhook."""
+    app = build()
+    template = app["spec"][side]["template"]["spec"]
+    main = container(app, side)
+    assert main["name"] == name
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in main["env"]}
+    assert refs == {
+        "FIBERS_INPUT_PEOPLE_URI": {"name": "mongo", "key": "uri"},
+        "FIBERS_OUTPUT_RESULT_URI": {"name": "mongo-out", "key": "uri"},
+    }
+    pod_sc, sc = template["securityContext"], main["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["fsGroup"] == 10001
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert set(sc) >= SECURE
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"]) == (
+        10001,
+        10001,
+        True,
+        False,
+    )
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "emptyDir": {}} in template["volumes"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
+
+
+def test_nothing_the_webhook_would_apply_a_second_time() -> None:
+    """The webhook appends driver.env and spec.volumes to the pod: a second `tmp` volume is a rejected pod."""
+    spec = build()["spec"]
+    assert "volumes" not in spec
+    for side in ("driver", "executor"):
+        assert not {"env", "envFrom", "volumeMounts", "securityContext", "podSecurityContext", "envVars"} & set(
+            spec[side]
+        ), side
+
+
+def test_no_secret_value_anywhere_and_only_references() -> None:
+    app = build()
+    for side in ("driver", "executor"):
+        for env in container(app, side)["env"]:
+            assert set(env) == {"name", "valueFrom"} and set(env["valueFrom"]) == {"secretKeyRef"}
+    text = json.dumps(app)
+    assert "mongodb://" not in text and "uriSecretRef" not in text
+
+
+def test_spark_volumes_reach_both_pods_next_to_tmp() -> None:
+    volumes = [{"name": "data", "hostPath": {"path": "/srv/data", "type": "Directory"}}]
+    mounts = [{"name": "data", "mountPath": "/data"}]
+    app = build(transform(spark={"volumes": volumes, "volumeMounts": mounts}))
+    for side in ("driver", "executor"):
+        assert [v["name"] for v in app["spec"][side]["template"]["spec"]["volumes"]] == ["tmp", "data"]
+        assert container(app, side)["volumeMounts"][1:] == mounts
+
+
+def test_only_the_driver_gets_an_api_token_and_both_run_as_the_job_account() -> None:
+    spec = build()["spec"]
+    assert spec["driver"]["serviceAccount"] == spec["executor"]["serviceAccount"] == "fibers-job"
+    assert "automountServiceAccountToken" not in spec["driver"]["template"]["spec"]
+    assert spec["executor"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_pull_policy_core_request_and_memory_defaults() -> None:
+    spec = build()["spec"]
+    assert spec["imagePullPolicy"] == "IfNotPresent"
+    assert spec["sparkVersion"] == "4.0.0"
+    for side in ("driver", "executor"):
+        assert (spec[side]["coreRequest"], spec[side]["memory"], spec[side]["cores"]) == ("200m", "512m", 1)
+        assert spec[side]["labels"] == {"fibers.dev/transform": "orders-report"}
+    assert spec["executor"]["instances"] == 1
+
+    own = build(
+        transform(spark={"driver": {"coreRequest": "500m", "memory": "1g"}, "executor": {"coreRequest": "1"}}),
+        Defaults(kafka_bootstrap="k:9092", image_pull_policy="Never", core_request=None),
+    )["spec"]
+    assert own["imagePullPolicy"] == "Never"
+    assert (own["driver"]["coreRequest"], own["driver"]["memory"], own["executor"]["coreRequest"]) == (
+        "500m",
+        "1g",
+        "1",
+    )
+    none = build(defaults=Defaults(kafka_bootstrap="k:9092", core_request=None))["spec"]
+    assert "coreRequest" not in none["driver"] and "coreRequest" not in none["executor"]
+    assert "serviceAccount" not in none["driver"]
+
+
+def test_the_operator_defaults_come_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FIBERS_JOB_IMAGE_PULL_POLICY", "FIBERS_SPARK_CORE_REQUEST", "FIBERS_JOB_IMAGE"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = controller.transform_defaults_from_env()
+    assert (defaults.image_pull_policy, defaults.core_request) == ("IfNotPresent", "200m")
+    monkeypatch.setenv("FIBERS_JOB_IMAGE_PULL_POLICY", "Never")
+    monkeypatch.setenv("FIBERS_SPARK_CORE_REQUEST", "")
+    monkeypatch.setenv("FIBERS_JOB_IMAGE", "")
+    defaults = controller.transform_defaults_from_env()
+    assert (defaults.image_pull_policy, defaults.core_request, defaults.image) == ("Never", None, Defaults.image)
+    monkeypatch.setenv("FIBERS_JOB_IMAGE_PULL_POLICY", "Sometimes")
+    with pytest.raises(ValueError, match="FIBERS_JOB_IMAGE_PULL_POLICY"):
+        controller.transform_defaults_from_env()
+
+
+def test_kafka_jars_are_on_the_class_path_spark_submit_builds() -> None:
+    conf = build(transform(spark={"sparkConf": {"spark.executor.extraClassPath": "/opt/extra/*"}}))["spec"]["sparkConf"]
+    assert conf["spark.driver.extraClassPath"] == "/opt/fibers/jars/*"
+    assert conf["spark.executor.extraClassPath"] == "/opt/extra/*:/opt/fibers/jars/*"
+    assert "spark.kubernetes.executor.deleteOnTermination" not in conf  # Spark's default: executors go
+
+
+def test_restart_policy_and_no_ttl() -> None:
+    batch = build()["spec"]
+    assert batch["restartPolicy"] == {"type": "Never"} and "timeToLiveSeconds" not in batch
+    streaming_body = transform(
+        mode="streaming",
+        checkpoint={"location": "/c"},
+        inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
+        output={"kafka": {"topic": "x"}},
+    )
+    streaming = build(streaming_body)["spec"]
+    assert streaming["restartPolicy"]["type"] == "OnFailure"
+
+
+def test_run_names_are_dns_1035_labels() -> None:
+    for name in ("orders-report", "orders.v2", "9lives", "a" * 253):
+        run = runs.run_name(name, "uid", "create/abc")
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", run) and len(run) <= 63, run
+    assert runs.run_name("orders-report", "uid", "k").startswith("orders-report-")  # valid names unchanged
+
+
+# --- conformance with the real CRD ---------------------------------------------------------------
+
+
+def _spark_operator_crd() -> dict[str, Any]:
+    try:
+        from fibers_stack.layout import spark_operator_module
+
+        module = spark_operator_module()
+    except Exception as exc:  # the stack package or its recipes are not there
+        pytest.skip(f"the Spark Operator module is not available: {exc}")
+    path = module / "config" / "crd" / "bases" / "sparkoperator.k8s.io_sparkapplications.yaml"
+    if not path.exists():
+        pytest.skip(f"{path} is missing (fetch the stack: `fibers-stack fetch`)")
+    crd = yaml.safe_load(path.read_text())
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "integer": int,
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+    "number": (int, float),
+}
+
+
+def schema_errors(value: Any, schema: dict[str, Any], where: str = "") -> list[str]:
+    """Structural check: every field exists in the schema, with its type, enum, minimum and required fields."""
+    errors: list[str] = []
+    kind = schema.get("type")
+    if (kind and not isinstance(value, TYPES[kind])) or (kind == "integer" and isinstance(value, bool)):
+        return [f"{where or '.'}: {value!r} is not {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} not in {schema['enum']}")
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{where}: {value} < {schema['minimum']}")
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{where}: {value!r} does not match {schema['pattern']}")
+    if isinstance(value, dict):
+        errors += [f"{where}.{key}: required" for key in schema.get("required", []) if key not in value]
+        if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
+            return errors
+        props, extra = schema.get("properties"), schema.get("additionalProperties")
+        if props is None and extra is None:
+            return errors  # metadata: type object only
+        for key, item in value.items():
+            if props is not None and key in props:
+                errors += schema_errors(item, props[key], f"{where}.{key}")
+            elif isinstance(extra, dict):
+                errors += schema_errors(item, extra, f"{where}.{key}")
+            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
+                errors.append(f"{where}.{key}: no such field")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{where}[{i}]")
+    return errors
+
+
+def model_errors(value: Any, type_name: str, where: str) -> list[str]:
+    """Check a Kubernetes object (the preserve-unknown-fields pod templates) against the client's models."""
+    if type_name.startswith("List["):
+        if not isinstance(value, list):
+            return [f"{where}: not a list"]
+        return [e for i, item in enumerate(value) for e in model_errors(item, type_name[5:-1], f"{where}[{i}]")]
+    if type_name.startswith("Dict["):
+        inner = type_name[5:-1].split(", ", 1)[1]
+        if not isinstance(value, dict):
+            return [f"{where}: not a map"]
+        return [e for k, item in value.items() for e in model_errors(item, inner, f"{where}.{k}")]
+    scalars: dict[str, type | tuple[type, ...]] = {
+        "str": str,
+        "int": int,
+        "bool": bool,
+        "object": object,
+        "float": (int, float),
+    }
+    if type_name in scalars:
+        return [] if isinstance(value, scalars[type_name]) else [f"{where}: {value!r} is not {type_name}"]
+    model = getattr(k8s, type_name)
+    if not isinstance(value, dict):
+        return [f"{where}: not an object ({type_name})"]
+    by_json = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    errors = []
+    for key, item in value.items():
+        if key not in by_json:
+            errors.append(f"{where}.{key}: no such field in {type_name}")
+        else:
+            errors += model_errors(item, model.openapi_types[by_json[key]], f"{where}.{key}")
+    return errors
+
+
+def test_the_app_conforms_to_the_real_spark_operator_crd() -> None:
+    schema = _spark_operator_crd()
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+    bodies = [
+        transform(),
+        transform(
+            spark={"volumes": volumes, "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}
+        ),
+        transform(
+            mode="streaming",
+            checkpoint={"location": "/c"},
+            inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
+            output={"kafka": {"topic": "x"}},
+            spark={"driver": {"cores": 2, "coreRequest": "0.5"}, "executor": {"instances": 3}},
+        ),
+    ]
+    for body in bodies:
+        app = build(body)
+        assert schema_errors(app, schema) == []
+        for side in ("driver", "executor"):
+            template = app["spec"][side]["template"]
+            assert model_errors(template, "V1PodTemplateSpec", f"spec.{side}.template") == []
+
+
+def test_the_structural_check_catches_what_the_crd_would_not_take() -> None:
+    schema = _spark_operator_crd()
+    app = build()
+    wrong = copy.deepcopy(app)
+    wrong["spec"]["driver"]["env"] = [{"name": "X", "value": "y"}]  # exists: fine
+    wrong["spec"]["pythonVersion"] = "4"
+    wrong["spec"]["driver"]["coreRequests"] = "1"
+    wrong["spec"]["restartPolicy"]["type"] = "Sometimes"
+    assert sorted(schema_errors(wrong, schema)) == [
+        ".spec.driver.coreRequests: no such field",
+        ".spec.pythonVersion: '4' not in ['2', '3']",
+        ".spec.restartPolicy.type: 'Sometimes' not in ['Never', 'Always', 'OnFailure']",
+    ]
+    assert model_errors({"spec": {"containers": [{"name": "c", "envs": []}]}}, "V1PodTemplateSpec", "t") == [
+        "t.spec.containers[0].envs: no such field in V1Container"
+    ]
+
+
+def test_status_fibers_writes_conforms_to_the_transform_crd() -> None:
+    crd = yaml.safe_load((REPO / "crds" / "transforms.fibers.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    view = TransformView(transform())
+    current = {"name": "orders-report-1a2b3c4d", "submittedAt": format_time(NOW), "specHash": "x", "trigger": "create"}
+    for app in (
+        app_with("RUNNING", executorState={"e-1": "RUNNING", "e-2": "PENDING"}),
+        app_with("FAILED", error="driver container failed with ExitCode: 1, Reason: Error"),
+        app_with(""),
+    ):
+        run = runs.mirror_run(current, app, {"error": "[TABLE_OR_VIEW_NOT_FOUND] …"})
+        status = runs.report(view, run, NOW)
+        assert schema_errors({"spec": transform()["spec"], "status": status}, schema) == []
+
+
+# --- the Spark Operator's status -----------------------------------------------------------------
+
+
+def app_with(state: str, *, error: str = "", **status: Any) -> dict[str, Any]:
+    app = build()
+    app["metadata"]["creationTimestamp"] = format_time(NOW - timedelta(minutes=10))
+    app["status"] = {
+        "applicationState": {"state": state, **({"errorMessage": error} if error else {})},
+        "driverInfo": {"podName": "orders-report-1a2b3c4d-driver"},
+        "submissionAttempts": 1,
+        "executionAttempts": 1,
+        "lastSubmissionAttemptTime": format_time(NOW - timedelta(minutes=9)),
+        **status,
+    }
+    if not state:
+        del app["status"]["executionAttempts"]
+    return app
+
+
+def ready(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Ready")
+
+
+def test_a_failed_runs_condition_carries_sparks_message_from_the_result_config_map() -> None:
+    view = TransformView(transform())
+    current = {"name": "orders-report-1a2b3c4d", "submittedAt": format_time(NOW - timedelta(minutes=10))}
+    app = app_with(
+        "FAILED",
+        error="driver container failed with ExitCode: 1, Reason: Error",
+        terminationTime=format_time(NOW),
+    )
+    spark_error = "[TABLE_OR_VIEW_NOT_FOUND] The table or view `no_such_view` cannot be found."
+    status = runs.report(view, runs.mirror_run(current, app, {"error": spark_error}), NOW)
+    cond = ready(status)
+    assert (status["phase"], cond["status"], cond["reason"]) == ("Failed", "False", "RunFailed")
+    assert "TABLE_OR_VIEW_NOT_FOUND" in cond["message"]
+    assert status["currentRun"]["errorMessage"] == spark_error
+    assert status["currentRun"]["finishedAt"] == format_time(NOW)
+
+    # Without a word from the job (it was killed), the Spark Operator's message is what there is.
+    status = runs.report(view, runs.mirror_run(current, app, {}), NOW)
+    assert "ExitCode: 1" in ready(status)["message"]
+
+
+def test_failing_and_submission_failed_are_not_final() -> None:
+    assert not sparkapp.finished(app_with("FAILING")) and not sparkapp.finished(app_with("SUBMISSION_FAILED"))
+    assert sparkapp.finished(app_with("FAILED")) and sparkapp.finished(app_with("COMPLETED"))
+    view = TransformView(transform())
+    current = {"name": "orders-report-1a2b3c4d"}
+    run = runs.mirror_run(current, app_with("FAILING", error="driver container failed"), {"error": "boom"})
+    status = runs.report(view, run, NOW)
+    cond = ready(status)
+    assert (cond["reason"], status["phase"]) == ("RunFailing", "Running") and "boom" in cond["message"]
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "False"
+
+
+def test_running_reports_driver_attempts_and_executors() -> None:
+    view = TransformView(transform())
+    app = app_with("RUNNING", executorState={"x-exec-1": "RUNNING", "x-exec-2": "RUNNING", "x-exec-3": "FAILED"})
+    run = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app, {})
+    assert run["driverPod"] == "orders-report-1a2b3c4d-driver" and run["attempts"] == 1
+    assert run["executors"] == {"FAILED": 1, "RUNNING": 2}
+    assert "executors: 1 failed, 2 running" in ready(runs.report(view, run, NOW))["message"]
+    fresh = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app_with(""), {})
+    assert fresh["applicationState"] == runs.NEW
+    assert "waiting for the Spark Operator" in ready(runs.report(view, fresh, NOW))["message"]
+
+
+def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> None:
+    """The Spark Operator names driverInfo.podName when it submits, long before the driver runs."""
+    body = transform(submissionDeadlineSeconds=60)
+    body["status"] = {
+        "currentRun": {
+            "name": "orders-report-1a2b3c4d",
+            "specHash": spec_hash(body["spec"]),
+            "submittedAt": format_time(NOW - timedelta(minutes=10)),
+        }
+    }
+    view = TransformView(body)
+    pending = app_with("SUBMITTED")  # driver pod named and pending for 9 minutes
+    plan = runs.plan(view, [pending], NOW)
+    assert plan.deadline_failed.startswith("no driver started within 60s")
+    assert plan.delete == [pending["metadata"]["name"]]
+    assert not runs.plan(view, [app_with("RUNNING")], NOW).deadline_failed
+    # A restarted streaming attempt is measured from its own submission.
+    resubmitted = app_with("SUBMITTED", lastSubmissionAttemptTime=format_time(NOW - timedelta(seconds=20)))
+    assert not runs.plan(view, [resubmitted], NOW).deadline_failed
+    never_taken_up = app_with("")
+    del never_taken_up["status"]
+    assert "does it watch namespace shop" in runs.plan(view, [never_taken_up], NOW).deadline_failed
+
+
+# --- the chart -----------------------------------------------------------------------------------
+
+
+def _job_rules() -> dict[str, set[str]]:
+    text = (REPO / "charts" / "fibers" / "templates" / "_helpers.tpl").read_text()
+    block = text.split('{{- define "fibers.jobRules" -}}', 1)[1].split("{{- end }}", 1)[0]
+    rules: dict[str, set[str]] = {}
+    for rule in yaml.safe_load(block):
+        assert rule["apiGroups"] == [""]
+        for resource in rule["resources"]:
+            rules.setdefault(resource, set()).update(rule["verbs"])
+    return rules
+
+
+def test_the_job_role_lets_a_spark_driver_run_its_executors() -> None:
+    rules = _job_rules()
+    assert {"get", "list", "watch", "create", "patch", "delete", "deletecollection"} <= rules["pods"]
+    # the result ConfigMap (create or replace) and the executors' ConfigMap (create, delete by label)
+    assert {"get", "create", "update", "list", "delete", "deletecollection"} <= rules["configmaps"]
+    assert {"list", "delete", "deletecollection"} <= rules["services"]
+    assert {"list", "delete", "deletecollection"} <= rules["persistentvolumeclaims"]
+    assert "secrets" not in rules  # secrets reach pods as references, never through the API
+
+
+def test_the_example_transforms_fit_both_crds() -> None:
+    """examples/ against our Transform CRD, and the SparkApplications they make against the Spark Operator's."""
+    spark_schema = _spark_operator_crd()
+    crd = yaml.safe_load((REPO / "crds" / "transforms.fibers.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    examples = [
+        doc
+        for path in sorted((REPO / "examples").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "Transform"
+    ]
+    assert examples
+    for example in examples:
+        assert schema_errors(example, schema) == [], example["metadata"]["name"]
+        body = copy.deepcopy(example)
+        body["metadata"].update(namespace="shop", uid="u")
+        job = render_job(
+            body["spec"],
+            name=body["metadata"]["name"],
+            namespace="shop",
+            run="r-1",
+            connect_topics={"orders-cdc": ["shop.public.orders"]},
+            defaults=Defaults(kafka_bootstrap="kafka:9092"),
+        )
+        app = sparkapp.build(body, run="r-1", job=job, trigger="create", defaults=Defaults())
+        assert schema_errors(app, spark_schema) == [], example["metadata"]["name"]

@@ -1,0 +1,3 @@
+module fibers.local/pause
+
+go 1.25.0

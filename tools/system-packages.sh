@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Debian packages the local stack needs, installed only when missing (make test, make demo and CI call it).
+set -euo pipefail
+missing=()
+command -v java >/dev/null || missing+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null || missing+=(maven)
+command -v openssl >/dev/null || missing+=(openssl)
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
+# The node: container runtime, CNI plugins, iptables for kube-proxy, and the image builders.
+for tool in containerd runc iptables conntrack buildah debootstrap; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+command -v go >/dev/null || { echo "Go >= 1.25 is required to build the local stack" >&2; exit 1; }
