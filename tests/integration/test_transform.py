@@ -350,7 +350,7 @@ def test_no_driver_past_the_deadline_fails_the_run(
             },
         )
         cond = transforms.wait_condition(unique, "False", "SubmissionDeadlineExceeded", timeout=90)
-        assert "no driver started within 10s" in cond["message"]
+        assert "did not take up the run within 10s" in cond["message"] and namespace in cond["message"]
         assert transforms.status(unique)["phase"] == "Failed"
         wait_for(lambda: not spark_apps(kube, namespace, unique), timeout=30, what="stuck run deleted")
     finally:

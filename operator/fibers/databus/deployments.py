@@ -86,7 +86,7 @@ def deployment(
                 "name": "consumer",
                 "image": spec.get("image") or image,
                 "imagePullPolicy": image_pull_policy,
-                "command": ["fibers", "consume"],
+                "args": ["consume"],  # after the image's entry point (tini, then `fibers`)
                 "env": env,
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
                 "securityContext": {
