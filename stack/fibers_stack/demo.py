@@ -10,6 +10,7 @@ MongoDB view against the table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import psycopg
 import yaml
 from kubernetes import client, config
@@ -27,12 +29,14 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 import fibers_stack as stack
+from fibers.api import ANNOTATION_PAUSED
 from fibers_stack import StackInfo, fetch, spark_operator
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 NAMESPACE = "shop"
 RELEASE, RELEASE_NAMESPACE = "fibers", "fibers-system"
+CONNECTOR = "orders-cdc"  # examples/01-connect-orders-cdc.yaml
 DATA_DIR = Path("/tmp/fibers-demo")  # on the node: the Transforms' hostPath volume (checkpoints, reports)
 PLURALS = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers"}
 
@@ -82,22 +86,35 @@ def _helm(info: StackInfo, *args: str, check: bool = True) -> None:
 
 
 def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None:
+    """Remove the previous demo: its resources while its operator still runs, then the operator, then
+    the namespace. Deleting the namespace first would delete the operator's Role in it (namespace
+    deletion takes RBAC first) and leave the resources' finalizers with no one allowed to remove them."""
     core = client.CoreV1Api(api)
     try:
         core.read_namespace(NAMESPACE)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    else:
         screen.step(f"removing the previous demo (namespace {NAMESPACE})")
+        _forget_connector_offsets(api, info)
+        _delete_resources(api)
+        _helm(info, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", check=False)
         core.delete_namespace(NAMESPACE)
         _wait(
             lambda: not any(ns.metadata and ns.metadata.name == NAMESPACE for ns in core.list_namespace().items),
             180,
             "the old namespace to go",
         )
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    # A connector whose resource lost its operator (a demo stopped half-way) would hold the slot.
+    httpx.delete(f"{info.connect_url}/connectors/{CONNECTOR}", timeout=30)
+    _delete_topics(info)
     with psycopg.connect(info.postgres_dsn, autocommit=True) as pg:
-        for (slot,) in pg.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name = 'shop_orders'"):
-            pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        slot_query = "SELECT active FROM pg_replication_slots WHERE slot_name = 'shop_orders'"
+        # A deleted connector's task lets go of the slot a moment after the DELETE returns.
+        _wait(lambda: not any(active for (active,) in pg.execute(slot_query)), 60, "the replication slot to be free")
+        if pg.execute(slot_query).fetchall():
+            pg.execute("SELECT pg_drop_replication_slot('shop_orders')")
         pg.execute("DROP TABLE IF EXISTS orders")
         pg.execute("DROP PUBLICATION IF EXISTS shop_orders")
         pg.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int, price double precision)")
@@ -114,9 +131,70 @@ def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None
         path.chmod(0o777)  # the Spark pods run as the job image's user
 
 
-def _uninstall_operator(api: client.ApiClient, info: StackInfo, screen: Screen) -> None:
-    """The previous demo's operator goes last: it deletes the previous connector on the way out."""
-    _helm(info, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", check=False)
+def _delete_topics(info: StackInfo) -> None:
+    """The previous demo's topics (`shop.…`): the new run's consumers and report start from nothing."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})
+    topics = [t for t in admin.list_topics(timeout=30).topics if t.startswith(f"{NAMESPACE}.")]
+    if not topics:
+        return
+    for future in admin.delete_topics(topics, operation_timeout=30).values():
+        future.result()
+    _wait(lambda: not set(topics) & set(admin.list_topics(timeout=30).topics), 60, "the old topics to go")
+
+
+def _forget_connector_offsets(api: client.ApiClient, info: StackInfo) -> None:
+    """Reset the offsets Kafka Connect keeps under the demo connector's name.
+
+    They outlive the connector: a new `orders-cdc` would resume from them and Debezium would find its
+    replication slot (dropped with the old demo) gone. Kafka Connect resets offsets of a STOPPED
+    connector only, so the resource's reconciliation is paused first (else the operator would start
+    it again), then the connector is stopped and its offsets deleted, before the resource goes.
+    """
+    url = f"{info.connect_url}/connectors/{CONNECTOR}"
+    if httpx.get(url, timeout=30).status_code != 200:
+        return
+    custom = client.CustomObjectsApi(api)
+    paused = {"metadata": {"annotations": {ANNOTATION_PAUSED: "true"}}}
+    with contextlib.suppress(ApiException):
+        custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, "connects", CONNECTOR, paused)
+    httpx.put(f"{url}/stop", timeout=30).raise_for_status()
+    _wait(
+        lambda: httpx.get(f"{url}/status", timeout=30).json()["connector"]["state"] == "STOPPED",
+        60,
+        "the old connector to stop",
+    )
+    httpx.delete(f"{url}/offsets", timeout=60).raise_for_status()
+
+
+def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:
+    """Delete the demo's Fibers resources and wait for the operator to finish them (connector deleted).
+
+    An operator that is gone (a demo stopped half-way) cannot: after the timeout the finalizers are
+    dropped, which leaves at most the demo's own connector behind on Kafka Connect.
+    """
+    custom = client.CustomObjectsApi(api)
+
+    def items() -> list[tuple[str, dict[str, Any]]]:
+        found = []
+        for plural in PLURALS.values():
+            listing = cast(
+                dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, plural)
+            )
+            found += [(plural, item) for item in listing["items"]]
+        return found
+
+    for plural, item in items():
+        custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, plural, item["metadata"]["name"])
+    try:
+        _wait(lambda: not items(), timeout, "the operator to delete the previous demo's resources")
+    except TimeoutError:
+        for plural, item in items():
+            patch = {"metadata": {"finalizers": None}}
+            custom.patch_namespaced_custom_object(
+                "fibers.dev", "v1alpha1", NAMESPACE, plural, item["metadata"]["name"], patch
+            )
 
 
 def _install(api: client.ApiClient, info: StackInfo) -> None:
@@ -317,7 +395,6 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     info = stack.up()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     _clean_slate(api, info, screen)
-    _uninstall_operator(api, info, screen)
     screen.step("installing the CRDs and the shop namespace")
     _install(api, info)
     screen.step(f"helm install {RELEASE} charts/fibers -n {RELEASE_NAMESPACE}  (the operator, as a pod)")

@@ -1,4 +1,8 @@
-"""`make demo`'s script, run without a terminal, ends with the pipeline converged and the view checked."""
+"""`make demo`'s script, run without a terminal, ends with the pipeline converged and the view checked.
+
+Everything in it runs as a user runs it: the operator installed with `helm install charts/fibers` as a
+pod, Spark drivers and executors and the consumers as pods on the node.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ pytestmark = pytest.mark.demo
 
 def test_demo_pipeline_converges(stack_info: StackInfo, kube: ApiClient) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "fibers", "demo", "--no-tty"],
+        [sys.executable, "-m", "fibers_stack.cli", "demo", "--no-tty"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -48,3 +52,16 @@ def test_demo_pipeline_converges(stack_info: StackInfo, kube: ApiClient) -> None
     mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
     assert {d["_id"]: d["qty"] for d in mongo["shop"]["orders"].find()} == table
     assert len(table) > 20  # the seed rows plus what the demo wrote
+
+    core = client.CoreV1Api(kube)
+    [operator] = core.list_namespaced_pod("fibers-system", label_selector="app.kubernetes.io/name=fibers").items
+    assert operator.status.phase == "Running" and operator.spec.containers[0].image == stack_info.images["operator"]
+    assert operator.spec.service_account_name == "fibers"  # the chart's ServiceAccount and RBAC
+    pods = core.list_namespaced_pod("shop").items
+    roles = {(p.metadata.labels.get("spark-role"), p.metadata.labels.get("fibers.dev/transform")) for p in pods}
+    assert {("driver", "orders-by-item"), ("executor", "orders-by-item"), ("driver", "orders-report")} <= roles
+    consumers = {p.metadata.labels.get("fibers.dev/databusconsumer") for p in pods if p.status.phase == "Running"}
+    assert {"orders-store", "orders-view"} <= consumers
+    for pod in pods:
+        assert pod.spec.containers[0].image == stack_info.images["job"], pod.metadata.name
+    assert "shop/orders-view-0-" in result.stdout  # the live view lists the pods
