@@ -15,6 +15,7 @@ $(BIN)/.installed: pyproject.toml stack/pyproject.toml
 lint: $(BIN)/.installed
 	$(BIN)/ruff check operator stack tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: $(BIN)/.installed
 	$(BIN)/pytest tests/unit -q

@@ -1,6 +1,6 @@
 """Session fixtures: the real local stack, brought up once per test run.
 
-FIBERS_STACK_REUSE=1 reuses a running stack (`fibers stack up`) and leaves it running afterwards.
+FIBERS_STACK_REUSE=1 reuses a running stack (`fibers-stack up`) and leaves it running afterwards.
 """
 
 from __future__ import annotations

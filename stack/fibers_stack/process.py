@@ -1,7 +1,7 @@
 """Start, watch and stop the stack's server processes.
 
 Each server runs in a session of its own, so stopping it also stops whatever it forked, and it
-outlives the command that started it (`fibers stack up` returns while the stack keeps running).
+outlives the command that started it (`fibers-stack up` returns while the stack keeps running).
 """
 
 from __future__ import annotations

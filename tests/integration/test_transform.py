@@ -64,6 +64,13 @@ def spark_pods(kube: ApiClient, namespace: str, run: str) -> list[client.V1Pod]:
     return list(client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"{APP_LABEL}={run}").items)
 
 
+def succeeded_pods(kube: ApiClient, namespace: str, run: str) -> dict[str, client.V1Pod] | None:
+    """The run's driver and executor pod by role, once both have Succeeded."""
+    pods = {p.metadata.labels["spark-role"]: p for p in spark_pods(kube, namespace, run)}
+    done = set(pods) == {"driver", "executor"} and all(p.status.phase == "Succeeded" for p in pods.values())
+    return pods if done else None
+
+
 def orders(n: int, start: int = 0) -> list[dict[str, Any]]:
     return [{"id": i, "customer": f"c{i % 3}", "amount": float(i)} for i in range(start, start + n)]
 
@@ -134,11 +141,10 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
     assert app["metadata"]["name"] == run["name"]
 
     # A real driver pod and a real executor pod ran the job, from the job image, as the chart's user.
-    pods = {p.metadata.labels["spark-role"]: p for p in spark_pods(kube, namespace, run["name"])}
-    assert set(pods) == {"driver", "executor"}, pods.keys()
+    # The kubelet reports the pods' phase a moment after the Spark Operator saw the driver end.
+    pods = wait_for(lambda: succeeded_pods(kube, namespace, run["name"]), timeout=60, what="pods Succeeded")
     assert run["driverPod"] == pods["driver"].metadata.name
     for pod in pods.values():
-        assert pod.status.phase == "Succeeded", (pod.metadata.name, pod.status.phase)
         assert pod.spec.containers[0].image == stack_info.images["job"]
         assert_runs_as_a_user_would(pod, secret=None)
 

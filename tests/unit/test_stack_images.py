@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -212,17 +211,6 @@ def test_executor_runs_the_kubernetes_backend_with_spark_s_settings(image: dict[
 def test_executor_without_spark_s_environment_fails_clearly(image: dict[str, str]) -> None:
     result = subprocess.run(["bash", ENTRYPOINT, "executor"], env=image, capture_output=True, text=True)
     assert result.returncode != 0 and "SPARK_EXECUTOR_MEMORY" in result.stderr
-
-
-def test_spark_starts_in_tmp_when_the_working_directory_is_read_only(image: dict[str, str], tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root may write anywhere; the read-only root filesystem case is checked on the built image")
-    read_only = tmp_path / "home"
-    read_only.mkdir(mode=0o555)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    env = {**image, "SPARK_DRIVER_BIND_ADDRESS": "10.0.0.1", "TMPDIR": str(scratch)}
-    assert entrypoint(env, "driver", "app.py", cwd=read_only)[0] == f"spark-submit cwd={scratch}"
 
 
 @pytest.mark.parametrize("args", [["consume", "--config", "/etc/fibers/consumer.json"], ["--help"], []])

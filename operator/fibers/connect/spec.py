@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PLURAL = "connects"
+from fibers.api import CONNECT_PLURAL
+
+PLURAL = CONNECT_PLURAL
 KIND = "Connect"
 
 # spec.state → the state Kafka Connect reports once it is reached.

@@ -17,9 +17,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from fibers import metrics
-from fibers.api import ANNOTATION_PAUSED, object_ref
+from fibers.api import ANNOTATION_PAUSED, CONNECT_PLURAL, object_ref
 from fibers.conditions import format_time, utcnow
-from fibers.connect.spec import PLURAL as CONNECT_PLURAL
 from fibers.kube import Kube
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
