@@ -128,7 +128,7 @@ def latency(info: stack.StackInfo, core: client.CoreV1Api, samples: int) -> dict
                 "config": {
                     "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
                     "plugin.name": "pgoutput",
-                    "database.hostname": "127.0.0.1",
+                    "database.hostname": str(dsn["host"]),
                     "database.port": str(dsn["port"]),
                     "database.user": "postgres",
                     "database.password": "x",

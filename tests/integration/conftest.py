@@ -61,6 +61,14 @@ def namespace(kube: ApiClient, crds: None) -> Iterator[str]:
     client.CoreV1Api(kube).delete_namespace(name)
 
 
+@pytest.fixture(scope="module")
+def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
+    """A Secret `mongo` with the stack's MongoDB URI under `uri`, as pipelines reference it."""
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="mongo"), string_data={"uri": stack_info.mongodb_uri})
+    client.CoreV1Api(kube).create_namespaced_secret(namespace, secret)
+    return "mongo"
+
+
 class OperatorProcess:
     """`fibers run` as a subprocess watching one namespace, with its log kept in a file."""
 

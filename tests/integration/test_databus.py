@@ -42,15 +42,6 @@ def consumers(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Res
     return Resources(kube, "databusconsumers", namespace)
 
 
-@pytest.fixture(scope="module")
-def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
-    client.CoreV1Api(kube).create_namespaced_secret(
-        namespace,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="mongo"), string_data={"uri": stack_info.mongodb_uri}),
-    )
-    return "mongo"
-
-
 def table_rows(pg: PG, table: str) -> dict[str, dict[str, Any]]:
     return {
         str(r[0]): {"id": r[0], "item": r[1], "qty": r[2]}

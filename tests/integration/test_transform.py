@@ -34,15 +34,6 @@ def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Re
     return Resources(kube, "transforms", namespace)
 
 
-@pytest.fixture(scope="module")
-def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
-    client.CoreV1Api(kube).create_namespaced_secret(
-        namespace,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="mongo"), string_data={"uri": stack_info.mongodb_uri}),
-    )
-    return "mongo"
-
-
 def data_volume(path: Path, **spark: Any) -> dict[str, Any]:
     """spec.spark for a Transform whose driver and executors see `path` at /data."""
     os.chmod(path, 0o777)  # the pods run as the job image's user
@@ -69,6 +60,44 @@ def succeeded_pods(kube: ApiClient, namespace: str, run: str) -> dict[str, clien
     pods = {p.metadata.labels["spark-role"]: p for p in spark_pods(kube, namespace, run)}
     done = set(pods) == {"driver", "executor"} and all(p.status.phase == "Succeeded" for p in pods.values())
     return pods if done else None
+
+
+def run_to_mongodb(
+    transforms: Resources,
+    kube: ApiClient,
+    namespace: str,
+    stack_info: StackInfo,
+    secret: str,
+    mongo: Any,
+    name: str,
+    *,
+    records: int,
+) -> None:
+    """Kafka → MongoDB (upserts written by the executors with the Secret's URI); checks the pods."""
+    produce(stack_info.kafka_bootstrap, f"{name}-in", orders(records), key="id")
+    transforms.create(
+        name,
+        {
+            "inputs": [{"name": "orders", "kafka": {"topics": [f"{name}-in"], "schema": "id INT, amount DOUBLE"}}],
+            "sql": "SELECT id, amount FROM orders",
+            "output": {
+                "mongodb": {
+                    "uriSecretRef": {"name": secret, "key": "uri"},
+                    "database": name,
+                    "collection": "orders",
+                    "idColumn": "id",
+                }
+            },
+            "spark": {"sparkConf": KEEP_EXECUTORS},
+        },
+    )
+    transforms.wait_condition(name, "True", "Succeeded", timeout=300)
+    assert mongo[name]["orders"].count_documents({}) == records
+    run = transforms.status(name)["currentRun"]["name"]
+    pods = spark_pods(kube, namespace, run)
+    assert {p.metadata.labels["spark-role"] for p in pods} == {"driver", "executor"}
+    for pod in pods:
+        assert_runs_as_a_user_would(pod, secret=secret)
 
 
 def orders(n: int, start: int = 0) -> list[dict[str, Any]]:
@@ -158,30 +187,7 @@ def test_secrets_reach_driver_and_executors_by_reference(
     mongo: Any,
     unique: str,
 ) -> None:
-    produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(6), key="id")
-    transforms.create(
-        unique,
-        {
-            "inputs": [{"name": "orders", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT, amount DOUBLE"}}],
-            "sql": "SELECT id, amount FROM orders",
-            "output": {
-                "mongodb": {
-                    "uriSecretRef": {"name": mongo_secret, "key": "uri"},
-                    "database": unique,
-                    "collection": "orders",
-                    "idColumn": "id",
-                }
-            },
-            "spark": {"sparkConf": KEEP_EXECUTORS},
-        },
-    )
-    transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
-    assert mongo[unique]["orders"].count_documents({}) == 6  # written by the executors, with the secret
-    run = transforms.status(unique)["currentRun"]["name"]
-    pods = spark_pods(kube, namespace, run)
-    assert {p.metadata.labels["spark-role"] for p in pods} == {"driver", "executor"}
-    for pod in pods:
-        assert_runs_as_a_user_would(pod, secret=mongo_secret)
+    run_to_mongodb(transforms, kube, namespace, stack_info, mongo_secret, mongo, unique, records=6)
     [app] = spark_apps(kube, namespace, unique)
     assert "mongodb://" not in json.dumps(app), "a secret value in the SparkApplication"
 
@@ -387,27 +393,4 @@ def test_without_the_spark_operators_webhook_pods_still_get_secrets_and_security
 ) -> None:
     """Pod templates carry them: with the webhook off, `driver.env` and security contexts would be dropped."""
     assert not client.AdmissionregistrationV1Api(kube).list_mutating_webhook_configuration().items
-    produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(4), key="id")
-    transforms.create(
-        unique,
-        {
-            "inputs": [{"name": "orders", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT, amount DOUBLE"}}],
-            "sql": "SELECT id, amount FROM orders",
-            "output": {
-                "mongodb": {
-                    "uriSecretRef": {"name": mongo_secret, "key": "uri"},
-                    "database": unique,
-                    "collection": "orders",
-                    "idColumn": "id",
-                }
-            },
-            "spark": {"sparkConf": KEEP_EXECUTORS},
-        },
-    )
-    transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
-    assert mongo[unique]["orders"].count_documents({}) == 4
-    run = transforms.status(unique)["currentRun"]["name"]
-    pods = spark_pods(kube, namespace, run)
-    assert {p.metadata.labels["spark-role"] for p in pods} == {"driver", "executor"}
-    for pod in pods:
-        assert_runs_as_a_user_would(pod, secret=mongo_secret)
+    run_to_mongodb(transforms, kube, namespace, stack_info, mongo_secret, mongo, unique, records=4)
