@@ -217,6 +217,10 @@ def _stop(info: StackInfo, name: str) -> None:
         )
 
 
+def _running(info: StackInfo, name: str) -> bool:
+    return name in info.pids and process.alive(info.pids[name])
+
+
 def _drain(info: StackInfo) -> None:
     """Delete every pod while the kubelet runs, so it unmounts volumes and tears pod networks down.
 
@@ -224,7 +228,7 @@ def _drain(info: StackInfo) -> None:
     """
     from kubernetes import client, config
 
-    if not info.kubeconfig or not process.alive(info.pids.get("kube-apiserver", 0)):
+    if not info.kubeconfig or not _running(info, "kube-apiserver"):
         return
     try:
         api = config.new_client_from_config(config_file=info.kubeconfig)
@@ -245,13 +249,17 @@ def _drain(info: StackInfo) -> None:
 
 def _stop_all(info: StackInfo) -> None:
     extras = [name for name in info.pids if name not in STOP_ORDER]  # the demo's operator, …
+    root = Path(info.run_dir)
     for name in (*extras, *STOP_ORDER):
         if name == "kubelet":
             _drain(info)
+        if name == "containerd" and (root / "containerd").exists() and shutil.which("ctr"):
+            # Containers the drain did not reach (a kubelet that had died) go before containerd does.
+            if _running(info, name):
+                node.remove_containers(root)
+            else:
+                _cleanup_runtime(info)
         _stop(info, name)
-    root = Path(info.run_dir)
-    if (root / "containerd").exists() and shutil.which("ctr"):
-        _cleanup_runtime(info)
     node.unmount_all(root)
     bins = fetch.kubernetes_if_built()
     if bins is not None:
@@ -262,7 +270,7 @@ def _stop_all(info: StackInfo) -> None:
 
 
 def _cleanup_runtime(info: StackInfo) -> None:
-    """Containers the drain did not reach (a kubelet that had died): containerd removes them, then stops."""
+    """With containerd gone (it died, or a half-started stack): start it once more to remove the containers."""
     root = Path(info.run_dir)
     launcher = Launcher(root)
     launcher.spawn("containerd-cleanup", info.commands.get("containerd", {}).get("argv") or ["true"])
