@@ -421,11 +421,8 @@ def test_main_prints_the_result_and_survives_an_unreachable_cluster(
     assert "could not write the result ConfigMap" in err
 
 
-@pytest.mark.usefixtures("root_logging")
-def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], shared_spark: list[bool], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The Spark Operator only sees the exit code; the operator reads Spark's words from this ConfigMap."""
+def error_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """What the job hands to write_error_config_map, recorded instead of written."""
     written: list[tuple[str, ...]] = []
 
     def record(*args: str) -> bool:
@@ -433,6 +430,15 @@ def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
         return True
 
     monkeypatch.setattr(job, "write_error_config_map", record)
+    return written
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shared_spark: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark Operator only sees the exit code; the operator reads Spark's words from this ConfigMap."""
+    written = error_writes(monkeypatch)
     monkeypatch.setattr(job, "_prepare_core_api", lambda: None)
     write_json_lines(tmp_path / "in", ORDERS)
     spec = spec_dict(tmp_path, sql="SELECT * FROM missing_table", resultConfigMap="orders-report-1a2b3c4d-result")
@@ -448,13 +454,7 @@ def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
 def test_an_invalid_spec_writes_its_error_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    written: list[tuple[str, ...]] = []
-
-    def record(*args: str) -> bool:
-        written.append(args)
-        return True
-
-    monkeypatch.setattr(job, "write_error_config_map", record)
+    written = error_writes(monkeypatch)
     code, _, _ = run_main(spec_dict(tmp_path, sql=None, resultConfigMap="r-result"), capsys)
     assert code == 2
     [(namespace, name, transform, message)] = written
