@@ -105,7 +105,8 @@ def up() -> StackInfo:
         return running
     if running:
         down()
-    fetch.fetch_all()  # builds happen here, once, before any server starts
+    # Builds happen here, once, before any server starts; the images last (they need the binaries).
+    fetch.fetch_all([name for name in fetch.COMPONENTS if name != "images"])
     built = images.build_all()
 
     root = run_dir()
