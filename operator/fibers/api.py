@@ -14,8 +14,11 @@ FINALIZER = "fibers.dev/finalizer"  # kopf's, on Transforms and DatabusConsumers
 # written just before the connector is created (see fibers.connect.sync).
 CONNECT_FINALIZER = "fibers.dev/delete-connector"
 ANNOTATION_OWNED_CONNECTOR = "fibers.dev/owned-connector"
+ANNOTATION_CONNECT_CLUSTER = "fibers.dev/connect-cluster"  # the ConnectCluster the claimed connector lives on
 ANNOTATION_PAUSED = "fibers.dev/paused-reconciliation"
 ANNOTATION_RESTART = "fibers.dev/restart"
+ANNOTATION_OFFSETS = "fibers.dev/offsets"  # list | reset | alter (see fibers.connect.offsets)
+ANNOTATION_OFFSETS_FROM = "fibers.dev/offsets-from"  # the ConfigMap `alter` reads
 
 
 def object_ref(kind: str, namespace: str, name: str, uid: str) -> dict[str, object]:

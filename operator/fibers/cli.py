@@ -22,8 +22,8 @@ def _run(args: argparse.Namespace) -> int:
 
     memory.limit_arenas()
 
-    if args.connect_url:
-        os.environ["FIBERS_CONNECT_URL"] = args.connect_url
+    if args.connect_cluster:
+        os.environ["FIBERS_CONNECT_DEFAULT_CLUSTER"] = args.connect_cluster
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     peering: dict[str, Any] = (
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_cmd = sub.add_parser("run", help="run the operator")
     run_cmd.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
-    run_cmd.add_argument("--connect-url", help="default Kafka Connect URL for Connect resources without spec.cluster")
+    run_cmd.add_argument("--connect-cluster", help="the ConnectCluster of Connect resources without spec.cluster")
     run_cmd.add_argument("--liveness", help="serve a liveness probe here, e.g. http://0.0.0.0:8080/healthz")
     run_cmd.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     run_cmd.add_argument("--peering", help="kopf peering name: run with standbys (needs kopf's peering CRDs)")

@@ -15,6 +15,7 @@ import kopf
 
 from fibers.api import FINALIZER
 from fibers.connect import handlers as _connect_handlers  # noqa: F401  (registers handlers)
+from fibers.connect.registry import ClusterSettings, ConnectClusters
 from fibers.connect.sync import ConnectSync, SyncSettings
 from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
 from fibers.databus.reconciler import DatabusReconciler
@@ -30,8 +31,12 @@ def settings_from_env() -> SyncSettings:
     return SyncSettings(
         interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", "10")),
         fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "0.25")),
-        default_cluster=os.environ.get("FIBERS_CONNECT_URL") or None,
+        default_cluster=os.environ.get("FIBERS_CONNECT_DEFAULT_CLUSTER") or None,
     )
+
+
+def cluster_settings_from_env() -> ClusterSettings:
+    return ClusterSettings(refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", "300")))
 
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -71,8 +76,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(threads, thread_name_prefix="kube"))
     kube = Kube(load_client())
     memo.kube = kube
-    memo.connect = ConnectSync(kube, settings_from_env())
+    memo.connect_clusters = ConnectClusters(kube, cluster_settings_from_env())
+    memo.connect = ConnectSync(kube, settings_from_env(), memo.connect_clusters)
     memo.connect_task = asyncio.create_task(memo.connect.run(), name="connect-sync")
+    memo.connect_clusters_task = asyncio.create_task(memo.connect_clusters.run(), name="connect-clusters")
     defaults = transform_defaults_from_env()
     memo.transform = TransformReconciler(kube, defaults)
     memo.databus = DatabusReconciler(
@@ -88,5 +95,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.connect_task.cancel()
-    await asyncio.gather(memo.connect_task, return_exceptions=True)
+    memo.connect_clusters_task.cancel()
+    await asyncio.gather(memo.connect_task, memo.connect_clusters_task, return_exceptions=True)
     await memo.connect.aclose()
+    await memo.connect_clusters.aclose()

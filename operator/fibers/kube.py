@@ -138,6 +138,27 @@ class Kube:
             if exc.status != 404:  # deleted meanwhile: nothing to report on
                 raise
 
+    async def replace_cluster_status(
+        self, plural: str, name: str, status: dict[str, Any], previous: dict[str, Any] | None = None
+    ) -> None:
+        """`replace_status` for a cluster-scoped fibers.dev object."""
+        patch = {"status": merge_patch(previous or {}, status)}
+        try:
+            await asyncio.to_thread(self.custom.patch_cluster_custom_object_status, GROUP, VERSION, plural, name, patch)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def namespace_labels(self, name: str) -> dict[str, str]:
+        """A namespace's labels ({} when it does not exist)."""
+        try:
+            found = await asyncio.to_thread(self.core.read_namespace, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return dict((found.metadata and found.metadata.labels) or {})
+
     async def post_event(self, ref: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the resource; failing to post one is logged, never raised."""
         meta = ref["metadata"]
@@ -220,5 +241,40 @@ class Kube:
                     raise
         raise RuntimeError(f"finalizers of {plural}/{namespace}/{name} keep changing")
 
-    async def remove_annotation(self, plural: str, namespace: str, name: str, annotation: str) -> None:
-        await self.patch_object(plural, namespace, name, {"metadata": {"annotations": {annotation: None}}})
+    async def remove_annotation(self, plural: str, namespace: str, name: str, *annotations: str) -> None:
+        await self.patch_object(plural, namespace, name, {"metadata": {"annotations": dict.fromkeys(annotations)}})
+
+    async def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data, or None when it does not exist."""
+        try:
+            found = await asyncio.to_thread(self.core.read_namespaced_config_map, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(found.data or {})
+
+    async def put_configmap(
+        self, namespace: str, name: str, data: dict[str, str], *, owner: dict[str, Any], annotations: dict[str, str]
+    ) -> None:
+        """Create the ConfigMap, or replace its data and annotations; owned by `owner` (deleted with it)."""
+        meta = owner["metadata"]
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(
+                name=name,
+                namespace=namespace,
+                annotations=annotations,
+                owner_references=[
+                    client.V1OwnerReference(
+                        api_version=owner["apiVersion"], kind=owner["kind"], name=meta["name"], uid=meta["uid"]
+                    )
+                ],
+            ),
+            data=data,
+        )
+        try:
+            await asyncio.to_thread(self.core.create_namespaced_config_map, namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await asyncio.to_thread(self.core.replace_namespaced_config_map, name, namespace, body)

@@ -73,7 +73,6 @@ class StackInfo:
         return {
             "KUBECONFIG": self.kubeconfig,
             "FIBERS_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "FIBERS_CONNECT_URL": self.connect_url,
             "FIBERS_POSTGRES_DSN": self.postgres_dsn,
             "FIBERS_MONGODB_URI": self.mongodb_uri,
             "FIBERS_SPARK_KAFKA_JARS": self.spark_kafka_jars,

@@ -10,7 +10,6 @@ MongoDB view against the table.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
@@ -29,7 +28,6 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 import fibers_stack as stack
-from fibers.api import ANNOTATION_PAUSED
 from fibers_stack import StackInfo, fetch, spark_operator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +95,6 @@ def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None
             raise
     else:
         screen.step(f"removing the previous demo (namespace {NAMESPACE})")
-        _forget_connector_offsets(api, info)
         _delete_resources(api)
         _helm(info, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", check=False)
         core.delete_namespace(NAMESPACE)
@@ -142,30 +139,6 @@ def _delete_topics(info: StackInfo) -> None:
     for future in admin.delete_topics(topics, operation_timeout=30).values():
         future.result()
     _wait(lambda: not set(topics) & set(admin.list_topics(timeout=30).topics), 60, "the old topics to go")
-
-
-def _forget_connector_offsets(api: client.ApiClient, info: StackInfo) -> None:
-    """Reset the offsets Kafka Connect keeps under the demo connector's name.
-
-    They outlive the connector: a new `orders-cdc` would resume from them and Debezium would find its
-    replication slot (dropped with the old demo) gone. Kafka Connect resets offsets of a STOPPED
-    connector only, so the resource's reconciliation is paused first (else the operator would start
-    it again), then the connector is stopped and its offsets deleted, before the resource goes.
-    """
-    url = f"{info.connect_url}/connectors/{CONNECTOR}"
-    if httpx.get(url, timeout=30).status_code != 200:
-        return
-    custom = client.CustomObjectsApi(api)
-    paused = {"metadata": {"annotations": {ANNOTATION_PAUSED: "true"}}}
-    with contextlib.suppress(ApiException):
-        custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, "connects", CONNECTOR, paused)
-    httpx.put(f"{url}/stop", timeout=30).raise_for_status()
-    _wait(
-        lambda: httpx.get(f"{url}/status", timeout=30).json()["connector"]["state"] == "STOPPED",
-        60,
-        "the old connector to stop",
-    )
-    httpx.delete(f"{url}/offsets", timeout=60).raise_for_status()
 
 
 def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:

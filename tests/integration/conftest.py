@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from fibers_stack import StackInfo, namespaces
+from fibers_stack import StackInfo, connect_clusters, namespaces
 from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
 from tests.helpers import wait_for
 
@@ -51,6 +51,15 @@ def crds(kube: ApiClient) -> None:
             timeout=30,
             what=f"CRD {name} established",
         )
+
+
+STACK_CLUSTER = "stack"  # the ConnectCluster of the stack's Kafka Connect: the test operators' default
+
+
+@pytest.fixture(scope="session")
+def connect_cluster(kube: ApiClient, crds: None, stack_info: StackInfo) -> str:
+    connect_clusters.apply(kube, STACK_CLUSTER, stack_info.connect_url)
+    return STACK_CLUSTER
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +119,12 @@ class OperatorProcess:
 
 @pytest.fixture(scope="module")
 def operator(
-    stack_info: StackInfo, namespace: str, tmp_path_factory: pytest.TempPathFactory
+    stack_info: StackInfo, namespace: str, connect_cluster: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log_file = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {
+        "FIBERS_CONNECT_DEFAULT_CLUSTER": connect_cluster,
+        "FIBERS_CONNECT_CLUSTER_REFRESH": "5",
         "FIBERS_CONNECT_SYNC_INTERVAL": "2",
         "FIBERS_CONNECT_FAST_INTERVAL": "0.5",
         "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,

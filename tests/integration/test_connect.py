@@ -6,10 +6,13 @@ import base64
 import json
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -17,8 +20,8 @@ from kubernetes.client.exceptions import ApiException
 
 import fibers_stack as stack
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
-from fibers.conditions import parse_time
-from fibers_stack import StackInfo
+from fibers.conditions import find, parse_time
+from fibers_stack import StackInfo, connect_clusters
 from tests.helpers import Resources, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 
@@ -278,7 +281,7 @@ def test_paused_reconciliation_leaves_drift_alone(
         ),
         ({"class": "FileStreamSource", "state": "sleeping"}, "Unsupported value"),
         ({"config": {"topic": "t"}}, "class"),
-        ({"class": "X", "cluster": "kafka-connect:8083"}, "spec.cluster"),
+        ({"class": "X", "cluster": "http://kafka-connect:8083"}, "spec.cluster"),  # a ConnectCluster's name, not a URL
         (
             {
                 "class": "X",
@@ -345,3 +348,307 @@ def test_operator_killed_mid_reconcile_converges_to_one_connector_each(
         connects.wait_condition(name, "True", "Running", timeout=90)
     live = set(connect_http.get("/connectors").json())
     assert {n for n in live if n.startswith(unique)} == set(names)
+
+
+# ----- offsets (Kafka Connect's offsets API) ---------------------------------------------------------
+
+
+def _offsets_done(connects: Resources, name: str, operation: str, after: str = "") -> dict[str, Any]:
+    """Wait for the operation to end; it must have succeeded, and the annotation must be gone."""
+    status = connects.wait_status(
+        name,
+        lambda s: (
+            (last := (s.get("offsets") or {}).get("lastOperation") or {}).get("operation") == operation
+            and last.get("time", "") > after
+        ),
+        what=f"offsets {operation} done",
+        timeout=90,
+    )
+    last = status["offsets"]["lastOperation"]
+    assert last["result"] == "Succeeded", last
+    assert "fibers.dev/offsets" not in (connects.get(name)["metadata"].get("annotations") or {})
+    return dict(status["offsets"])
+
+
+def test_offsets_list_reset_and_alter(
+    connects: Resources, kube: ApiClient, namespace: str, stack_info: StackInfo, source_file: Path, unique: str
+) -> None:
+    connects.create(unique, source_spec(source_file, unique))
+    connects.wait_condition(unique, "True", "Running")
+    read_topic(stack_info.kafka_bootstrap, unique, 3)
+    time.sleep(3)  # the worker commits source offsets every second (offset.flush.interval.ms)
+
+    connects.patch(unique, {"metadata": {"annotations": {"fibers.dev/offsets": "list"}}})
+    listed = _offsets_done(connects, unique, "list")
+    assert listed["configMap"] == f"{unique}-offsets" and listed["listedAt"]
+    core = client.CoreV1Api(kube)
+    cm = core.read_namespaced_config_map(listed["configMap"], namespace)
+    entries = json.loads(cm.data["offsets.json"])["offsets"]
+    assert entries == [
+        {"partition": {"filename": str(source_file)}, "offset": {"position": source_file.stat().st_size}}
+    ]
+    assert cm.metadata.owner_references[0].name == unique  # deleted with the resource
+
+    # Reset: the connector is stopped, forgets its position, and reads the file again from the start.
+    connects.patch(unique, {"metadata": {"annotations": {"fibers.dev/offsets": "reset"}}})
+    reset = _offsets_done(connects, unique, "reset", listed["lastOperation"]["time"])
+    connects.wait_condition(unique, "True", "Running", timeout=60)
+    again = [json.loads(v) for v in read_topic(stack_info.kafka_bootstrap, unique, 6)]
+    assert again == [f"record {i}" for i in range(3)] * 2
+    assert connects.condition(unique, "Offsets")["reason"] == "Reset"
+
+    # Alter, from the listed ConfigMap edited: back to the start of the last line, which is read again.
+    time.sleep(3)
+    line = len("record 0\n")
+    entries[0]["offset"]["position"] = 2 * line
+    cm.data["offsets.json"] = json.dumps({"offsets": entries})
+    core.replace_namespaced_config_map(cm.metadata.name, namespace, cm)
+    connects.patch(unique, {"metadata": {"annotations": {"fibers.dev/offsets": "alter"}}})
+    _offsets_done(connects, unique, "alter", reset["lastOperation"]["time"])
+    connects.wait_condition(unique, "True", "Running", timeout=60)
+    values = [json.loads(v) for v in read_topic(stack_info.kafka_bootstrap, unique, 7)]
+    assert values[6] == "record 2"
+
+
+def test_offsets_alter_with_bad_input_fails_before_the_connector_is_touched(
+    connects: Resources, connect_http: httpx.Client, source_file: Path, unique: str
+) -> None:
+    connects.create(unique, source_spec(source_file, unique))
+    connects.wait_condition(unique, "True", "Running")
+    annotations = {"fibers.dev/offsets": "alter", "fibers.dev/offsets-from": "nowhere"}
+    connects.patch(unique, {"metadata": {"annotations": annotations}})
+    status = connects.wait_status(
+        unique, lambda s: (s.get("offsets") or {}).get("lastOperation"), what="alter ended", timeout=60
+    )
+    assert status["offsets"]["lastOperation"]["result"] == "Failed"
+    cond = connects.condition(unique, "Offsets")
+    assert (cond["status"], cond["reason"]) == ("False", "AlterFailed")
+    assert f"ConfigMap {connects.namespace}/nowhere not found" in cond["message"]
+    assert live_state(connect_http, unique) == "RUNNING"  # never stopped
+    assert connects.condition(unique)["status"] == "True"
+    meta = connects.get(unique)["metadata"].get("annotations") or {}
+    assert "fibers.dev/offsets" not in meta and "fibers.dev/offsets-from" not in meta
+
+    connects.patch(unique, {"metadata": {"annotations": {"fibers.dev/offsets": "rewind"}}})
+    cond = connects.wait_status(
+        unique,
+        lambda s: (c := find(s.get("conditions"), "Offsets")) and c["reason"] == "InvalidRequest" and c,
+        what="bad annotation reported",
+        timeout=30,
+    )
+    assert "is not one of list, reset, alter" in str(cond)
+
+
+def test_on_create_reset_starts_a_recreated_debezium_connector_afresh(
+    connects: Resources, stack_info: StackInfo, unique: str
+) -> None:
+    """A connector of the same name ran before and its replication slot was dropped since: resuming from the
+    offsets Connect kept fails (the position is gone); onCreate: reset starts from a new snapshot."""
+    dsn = psycopg.conninfo.conninfo_to_dict(stack_info.postgres_dsn)
+    table, slot = f"{unique}_orders", unique
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, qty int)")
+        pg.execute(f"INSERT INTO {table} VALUES (1, 1), (2, 2)")
+
+    def spec(on_create: str) -> dict[str, Any]:
+        return {
+            "class": "io.debezium.connector.postgresql.PostgresConnector",
+            "offsets": {"onCreate": on_create},
+            "autoRestart": {"enabled": False},
+            "config": {
+                "plugin.name": "pgoutput",
+                "database.hostname": dsn["host"],
+                "database.port": int(dsn["port"]),
+                "database.user": "postgres",
+                "database.password": "unused",
+                "database.dbname": "postgres",
+                "topic.prefix": unique,
+                "table.include.list": f"public.{table}",
+                "slot.name": slot,
+                "publication.name": slot,
+                "publication.autocreate.mode": "filtered",
+            },
+        }
+
+    def recreate(on_create: str) -> None:
+        connects.delete(unique)
+        wait_for(lambda: not connects.exists(unique), timeout=60, what="connector deleted")
+        with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+            query = f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            wait_for(lambda: not any(a for (a,) in pg.execute(query)), timeout=60, what="slot released")
+            if pg.execute(query).fetchall():
+                pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        connects.create(unique, spec(on_create))
+
+    connects.create(unique, spec("resume"))
+    connects.wait_condition(unique, "True", "Running", timeout=120)
+    read_topic(stack_info.kafka_bootstrap, f"{unique}.public.{table}", 2)
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"INSERT INTO {table} VALUES (3, 3)")
+    read_topic(stack_info.kafka_bootstrap, f"{unique}.public.{table}", 3)
+    time.sleep(3)  # the position of the streamed change is committed
+
+    recreate("resume")  # Connect's behaviour: the old offsets point into the dropped slot
+    cond = connects.wait_condition(unique, "False", "TasksFailed", timeout=120)
+    assert "Reconfigure the connector to use a snapshot mode" in cond["message"]
+
+    recreate("reset")
+    connects.wait_condition(unique, "True", "Running", timeout=120)
+    status = connects.status(unique)
+    assert status["offsets"]["lastOperation"]["operation"] == "reset"
+    assert status["offsets"]["lastOperation"]["result"] == "Succeeded"
+    assert "fibers.dev/offsets" not in (connects.get(unique)["metadata"].get("annotations") or {})
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"INSERT INTO {table} VALUES (4, 4)")
+    # A new snapshot (3 rows) after the first run's 3 records, then the new change: streaming works.
+    values = read_topic(stack_info.kafka_bootstrap, f"{unique}.public.{table}", 7, timeout=90)
+    assert [json.loads(v)["after"] for v in values[3:]] == [{"id": i, "qty": i} for i in range(1, 5)]
+    time.sleep(5)
+    assert connects.condition(unique)["status"] == "True"
+    connects.delete(unique)
+
+
+# ----- ConnectClusters -------------------------------------------------------------------------------------
+
+
+def _cluster_status(kube: ApiClient, name: str, probe: Any, what: str) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(kube)
+    return wait_for(
+        lambda: (
+            probe(
+                st := custom.get_cluster_custom_object("fibers.dev", "v1alpha1", "connectclusters", name).get("status")
+                or {}
+            )
+            and st
+        ),
+        timeout=60,
+        what=what,
+    )
+
+
+def test_connect_cluster_reports_version_plugins_and_workers(
+    connects: Resources,
+    kube: ApiClient,
+    connect_cluster: str,
+    connect_http: httpx.Client,
+    source_file: Path,
+    unique: str,
+    stack_info: StackInfo,
+) -> None:
+    connects.create(unique, source_spec(source_file, unique))
+    connects.wait_condition(unique, "True", "Running")
+    assert connects.status(unique)["cluster"] == connect_cluster  # no spec.cluster: the operator's default
+    worker = connects.status(unique)["workerId"]
+    status = _cluster_status(
+        kube, connect_cluster, lambda s: worker in (s.get("workers") or []), "the worker seen in the cluster status"
+    )
+    assert find(status["conditions"], "Ready")["status"] == "True"
+    assert status["version"] == connect_http.get("/").json()["version"]
+    plugins = {p["class"]: p for p in status["plugins"]}
+    assert plugins["org.apache.kafka.connect.file.FileStreamSourceConnector"]["type"] == "source"
+    assert plugins["org.apache.kafka.connect.file.FileStreamSinkConnector"]["type"] == "sink"
+    debezium = plugins["io.debezium.connector.postgresql.PostgresConnector"]
+    assert debezium["type"] == "source" and debezium["version"].startswith("3.3.2")
+    assert status["pluginCount"] == len(status["plugins"])
+    assert status["connectors"] >= 1
+
+    kubectl = stack.fetch.kubernetes() / "kubectl"
+    env = {**os.environ, **stack_info.env()}
+    table = subprocess.run(
+        [kubectl, "get", "connectclusters", connect_cluster, "-o", "wide"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == [
+        "NAME",
+        "URL",
+        "DEFAULT",
+        "READY",
+        "VERSION",
+        "PLUGINS",
+        "WORKERS",
+        "CONNECTORS",
+        "REASON",
+        "AGE",
+    ]
+    assert row.split()[:6] == [
+        connect_cluster,
+        stack_info.connect_url,
+        "false",
+        "True",
+        status["version"],
+        str(len(plugins)),
+    ]
+
+
+def test_connect_cluster_is_found_then_allows_the_namespace_by_its_labels(
+    connects: Resources,
+    kube: ApiClient,
+    connect_http: httpx.Client,
+    source_file: Path,
+    unique: str,
+    stack_info: StackInfo,
+) -> None:
+    """A Connect names a ConnectCluster that does not exist yet, then one that does not allow its namespace:
+    nothing is created on Kafka Connect until the namespace gets the label the cluster selects."""
+    cluster, label = f"only-{unique}", f"fibers.dev/test-{unique}"
+    connects.create(unique, {**source_spec(source_file, unique), "cluster": cluster})
+    cond = connects.wait_condition(unique, "False", "ClusterNotFound")
+    assert connects.condition(unique, "Reconciling")["status"] == "True"  # waiting for it, not given up
+    core = client.CoreV1Api(kube)
+    try:
+        connect_clusters.apply(kube, cluster, stack_info.connect_url, namespaceSelector={"matchLabels": {label: "yes"}})
+        cond = connects.wait_condition(unique, "False", "ClusterNotAllowed")
+        assert f"does not allow namespace {connects.namespace}" in cond["message"]
+        assert connects.condition(unique, "Stalled")["status"] == "True"
+        assert connects.condition(unique, "Reconciling")["status"] == "False"
+        time.sleep(3)
+        assert live_state(connect_http, unique) == "ABSENT"  # nothing was created
+        core.patch_namespace(connects.namespace, {"metadata": {"labels": {label: "yes"}}})
+        connects.wait_condition(unique, "True", "Running", timeout=60)
+        assert connects.status(unique)["cluster"] == cluster
+        assert connects.get(unique)["metadata"]["annotations"]["fibers.dev/connect-cluster"] == cluster
+        connects.delete(unique)
+        wait_for(lambda: not connects.exists(unique), timeout=60, what="resource deleted with its connector")
+        assert live_state(connect_http, unique) == "ABSENT"
+    finally:
+        core.patch_namespace(connects.namespace, {"metadata": {"labels": {label: None}}})
+        connect_clusters.delete(kube, cluster)
+
+
+# ----- validation before apply ----------------------------------------------------------------------------
+
+
+def test_invalid_config_is_reported_per_field_and_nothing_is_created(
+    connects: Resources, connect_http: httpx.Client, source_file: Path, unique: str
+) -> None:
+    connects.create(unique, {"class": "FileStreamSource", "config": {"file": str(source_file), "batch.size": "many"}})
+    cond = connects.wait_condition(unique, "False", "InvalidConfig")
+    assert "spec.config.topic: " in cond["message"]  # required, missing
+    assert "spec.config.batch.size: " in cond["message"]  # not a number
+    assert connects.condition(unique, "Stalled")["status"] == "True"  # given up until the spec changes
+    assert live_state(connect_http, unique) == "ABSENT"
+
+    connects.patch(unique, {"spec": {"config": {"topic": unique, "batch.size": 10}}})
+    connects.wait_condition(unique, "True", "Running")
+
+    # A bad update is refused too: the running connector keeps its config.
+    connects.patch(unique, {"spec": {"config": {"batch.size": "lots"}}})
+    cond = connects.wait_condition(unique, "False", "InvalidConfig")
+    assert "spec.config.batch.size: " in cond["message"] and "topic" not in cond["message"]
+    assert live_config(connect_http, unique)["batch.size"] == "10"
+    assert live_state(connect_http, unique) == "RUNNING"
+
+
+def test_unknown_class_says_which_plugins_the_cluster_has(
+    connects: Resources, connect_http: httpx.Client, unique: str
+) -> None:
+    connects.create(unique, {"class": "com.example.NoSuchConnector", "config": {"topic": unique}})
+    cond = connects.wait_condition(unique, "False", "InvalidConfig")
+    assert cond["message"].startswith("spec.class: com.example.NoSuchConnector is not installed on ConnectCluster ")
+    assert "org.apache.kafka.connect.file.FileStreamSourceConnector" in cond["message"]
+    assert "io.debezium.connector.postgresql.PostgresConnector" in cond["message"]
+    assert live_state(connect_http, unique) == "ABSENT"

@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, find, format_time
+from fibers.connect.offsets import OffsetsInputError, OffsetsRequest, request_from
+from fibers.connect.offsets import parse as parse_offsets
+from fibers.connect.offsets import render as render_offsets
 from fibers.connect.reconcile import (
     UNASSIGNED_GRACE,
     Outcome,
@@ -21,7 +24,7 @@ from fibers.connect.rest import ConnectorView, TaskView
 from fibers.connect.spec import parse
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
-CLUSTER = "http://connect:8083"
+CLUSTER = "connect-a"
 WORKER = "10.0.0.7:8083"
 SECRET = "pa55w0rd-xyz"
 
@@ -36,7 +39,6 @@ def _target(*, owned: bool = True, status: dict[str, Any] | None = None, **spec_
             **spec_fields,
         },
         "orders",
-        None,
     )
     return Target(
         namespace="ns1",
@@ -48,6 +50,8 @@ def _target(*, owned: bool = True, status: dict[str, Any] | None = None, **spec_
         secrets=(SECRET,),
         status=dict(status or {}),
         claimed=owned,
+        cluster=CLUSTER,
+        placed=True,
     )
 
 
@@ -252,13 +256,19 @@ def test_paused_reconciliation_does_nothing(observed_kind: str) -> None:
     assert decide(target, observed, NOW) == []
 
 
-def test_problem_target_does_nothing_and_stalls() -> None:
+@pytest.mark.parametrize(
+    ("reason", "stalled"),
+    [("SecretNotFound", False), ("SecretUnreadable", False), ("InvalidSpec", True)],
+)
+def test_problem_target_does_nothing_and_stalls_only_when_not_retried(reason: str, stalled: bool) -> None:
+    """A missing Secret is read again until it exists (Reconciling); a bad spec waits for an edit (Stalled)."""
     target = _target()
-    target.problem = Condition(READY, False, "SecretNotFound", "secret ns1/db not found")
+    target.problem = Condition(READY, False, reason, "what to fix")
     assert decide(target, None, NOW) == []
     status = report(target, None, Outcome(), NOW)
-    assert (_cond(status, READY)["status"], _cond(status, READY)["reason"]) == ("False", "SecretNotFound")
-    assert (_cond(status, STALLED)["status"], _cond(status, STALLED)["reason"]) == ("True", "SecretNotFound")
+    assert (_cond(status, READY)["status"], _cond(status, READY)["reason"]) == ("False", reason)
+    assert _cond(status, STALLED)["status"] == str(stalled)
+    assert _cond(status, RECONCILING)["status"] == str(not stalled)
 
 
 # ----- report --------------------------------------------------------------------------------------
@@ -472,14 +482,103 @@ def test_restart_nonce_not_recorded_when_restart_failed() -> None:
     assert "lastRestartNonce" not in status
 
 
-def test_connect_rejection_stalls_with_redacted_error() -> None:
+def test_connect_rejection_is_retried_so_reconciling_with_redacted_error() -> None:
     target = _target()
     outcome = Outcome(failed=Step.UPDATE_CONFIG, error=f"400: bad value {SECRET}", rejected=True)
     status = report(target, _view(target, config={}), outcome, NOW)
     ready = _cond(status, READY)
     assert (ready["status"], ready["reason"]) == ("False", "ConnectRejected")
     assert SECRET not in ready["message"]
-    assert _cond(status, STALLED)["status"] == "True"
+    assert (_cond(status, STALLED)["status"], _cond(status, RECONCILING)["status"]) == ("False", "True")
+
+
+# ----- offsets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["reset", "alter"])
+def test_offsets_change_stops_the_connector_first_and_holds_state_and_restarts(operation: str) -> None:
+    target = _target(restartNonce="n1")
+    target.offsets_request = OffsetsRequest(operation, "cm" if operation == "alter" else "")
+    failing = _view(target, tasks=(_task(state="FAILED", trace="boom"),))
+    assert decide(target, failing, NOW) == [Step.STOP_FOR_OFFSETS]  # no restart, no resume meanwhile
+    step = Step.RESET_OFFSETS if operation == "reset" else Step.ALTER_OFFSETS
+    assert decide(target, _view(target, state="STOPPED", tasks=()), NOW) == [step]
+    drifted = _view(target, state="STOPPED", tasks=(), config={})
+    assert decide(target, drifted, NOW) == [Step.UPDATE_CONFIG, step]
+    status = report(target, _view(target, state="STOPPED", tasks=()), Outcome(), NOW)
+    assert (_cond(status, READY)["reason"], _cond(status, RECONCILING)["status"]) == ("UpdatingOffsets", "True")
+    assert _cond(status, STALLED)["status"] == "False"
+
+
+def test_once_offsets_are_changed_the_connector_returns_to_its_desired_state() -> None:
+    target = _target()
+    assert decide(target, _view(target, state="STOPPED", tasks=()), NOW) == [Step.SET_STATE]
+
+
+def test_listing_offsets_needs_no_stop() -> None:
+    target = _target()
+    target.offsets_request = OffsetsRequest("list")
+    assert decide(target, _view(target), NOW) == [Step.LIST_OFFSETS]
+    assert decide(target, _view(target, state="PAUSED"), NOW) == [Step.LIST_OFFSETS, Step.SET_STATE]
+
+
+def test_paused_reconciliation_leaves_offsets_alone() -> None:
+    target = _target()
+    target.paused = True
+    target.offsets_request = OffsetsRequest("reset")
+    assert decide(target, _view(target), NOW) == []
+
+
+@pytest.mark.parametrize(
+    ("result", "status", "reason"),
+    [("Succeeded", "True", "Reset"), ("Failed", "False", "ResetFailed")],
+)
+def test_offsets_operation_result_is_a_condition(result: str, status: str, reason: str) -> None:
+    target = _target()
+    last = {"operation": "reset", "result": result, "message": "m", "time": format_time(NOW)}
+    written = report(target, _view(target), Outcome(offsets={"lastOperation": last}), NOW)
+    assert written["offsets"]["lastOperation"]["result"] == result
+    assert (_cond(written, "Offsets")["status"], _cond(written, "Offsets")["reason"]) == (status, reason)
+    assert _cond(written, READY)["status"] == "True"  # the connector itself is fine
+    target.status = written
+    again = report(target, _view(target), Outcome(), NOW)  # kept until the next operation
+    assert again["offsets"] == written["offsets"]
+
+
+def test_unknown_offsets_annotation_is_a_condition_naming_it() -> None:
+    with pytest.raises(OffsetsInputError, match="is not one of list, reset, alter"):
+        request_from({"fibers.dev/offsets": "rewind"}, "orders")
+    target = _target()
+    target.offsets_problem = "fibers.dev/offsets='rewind' is not one of list, reset, alter"
+    cond = _cond(report(target, _view(target), Outcome(), NOW), "Offsets")
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidRequest")
+
+
+def test_offsets_request_from_annotations() -> None:
+    assert request_from({}, "orders") is None
+    assert request_from({"fibers.dev/offsets": "list"}, "orders") == OffsetsRequest("list")
+    assert request_from({"fibers.dev/offsets": "alter"}, "orders") == OffsetsRequest("alter", "orders-offsets")
+    given = {"fibers.dev/offsets": "alter", "fibers.dev/offsets-from": "mine"}
+    assert request_from(given, "orders") == OffsetsRequest("alter", "mine")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "has no key offsets.json"),
+        ("{", "not valid JSON"),
+        ('{"offsets": []}', "must be"),
+        ('{"offsets": [{"offset": {"position": 1}}]}', r"offsets\[0\] needs a partition"),
+    ],
+)
+def test_offsets_to_alter_are_checked(text: str | None, message: str) -> None:
+    with pytest.raises(OffsetsInputError, match=message):
+        parse_offsets(text, "ConfigMap ns1/cm")
+
+
+def test_offsets_render_and_parse_round_trip() -> None:
+    listed = {"offsets": [{"partition": {"filename": "/f"}, "offset": {"position": 42}}]}
+    assert parse_offsets(render_offsets(listed), "cm") == listed
 
 
 def test_topics_from_outcome_or_previous_status() -> None:

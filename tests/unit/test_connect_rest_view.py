@@ -130,7 +130,7 @@ def test_a_listing_without_configs_never_asks_for_a_config_update() -> None:
     from fibers.connect.reconcile import Outcome, Target
     from fibers.connect.spec import parse
 
-    spec = parse({"class": "FileStreamSource", "config": {"file": "/f", "topic": "t"}}, "c", "http://connect")
+    spec = parse({"class": "FileStreamSource", "config": {"file": "/f", "topic": "t"}}, "c")
     target = Target("ns", "c", "uid", 1, spec, config=spec.full_config({}), claimed=True)
     entry: dict[str, Any] = {"status": {"connector": {"state": "RUNNING"}, "tasks": [{"id": 0, "state": "RUNNING"}]}}
     running = ConnectorView.from_listing(spec.connector, entry)

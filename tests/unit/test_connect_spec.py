@@ -8,7 +8,7 @@ import pytest
 
 from fibers.connect.spec import AutoRestartPolicy, SecretRef, SpecError, parse
 
-CLUSTER = "http://connect:8083"
+CLUSTER = "connect-a"
 
 
 def _spec(**fields: Any) -> dict[str, Any]:
@@ -16,7 +16,7 @@ def _spec(**fields: Any) -> dict[str, Any]:
 
 
 def test_defaults() -> None:
-    spec = parse(_spec(), "orders", None)
+    spec = parse(_spec(), "orders")
     assert spec.cluster == CLUSTER
     assert spec.connector == "orders"
     assert spec.connector_class == "FileStreamSource"
@@ -48,7 +48,6 @@ def test_explicit_fields_override_defaults() -> None:
             },
         ),
         "orders",
-        None,
     )
     assert spec.connector == "orders-src"
     assert spec.tasks_max == 3
@@ -62,12 +61,12 @@ def test_explicit_fields_override_defaults() -> None:
 
 
 def test_empty_restart_nonce_is_none() -> None:
-    assert parse(_spec(restartNonce=""), "orders", None).restart_nonce is None
+    assert parse(_spec(restartNonce=""), "orders").restart_nonce is None
 
 
 def test_config_values_are_rendered_as_kafka_connect_strings() -> None:
     spec = parse(
-        _spec(config={"poll.ms": 5, "enabled": True, "skip": False, "ratio": 0.5, "topic": "orders"}), "orders", None
+        _spec(config={"poll.ms": 5, "enabled": True, "skip": False, "ratio": 0.5, "topic": "orders"}), "orders"
     )
     assert spec.config == {"poll.ms": "5", "enabled": "true", "skip": "false", "ratio": "0.5", "topic": "orders"}
 
@@ -75,30 +74,16 @@ def test_config_values_are_rendered_as_kafka_connect_strings() -> None:
 @pytest.mark.parametrize("value", [{"nested": "x"}, ["a", "b"], None])
 def test_non_scalar_config_value_is_rejected_naming_the_key(value: Any) -> None:
     with pytest.raises(SpecError, match=r"spec\.config\.transforms\.route"):
-        parse(_spec(config={"topic": "ok", "transforms.route": value}), "orders", None)
+        parse(_spec(config={"topic": "ok", "transforms.route": value}), "orders")
 
 
-def test_missing_cluster_without_default_is_a_spec_error() -> None:
-    with pytest.raises(SpecError, match=r"spec\.cluster"):
-        parse({"class": "FileStreamSource"}, "orders", None)
-
-
-def test_default_cluster_is_used_when_spec_has_none() -> None:
-    spec = parse({"class": "FileStreamSource"}, "orders", "http://default-connect:8083/")
-    assert spec.cluster == "http://default-connect:8083"
-
-
-def test_spec_cluster_wins_over_default() -> None:
-    spec = parse(_spec(), "orders", "http://default-connect:8083")
-    assert spec.cluster == CLUSTER
-
-
-def test_trailing_slash_is_stripped() -> None:
-    assert parse(_spec(cluster="http://connect:8083/"), "orders", None).cluster == CLUSTER
+def test_cluster_is_a_name_or_none() -> None:
+    assert parse({"class": "FileStreamSource"}, "orders").cluster is None
+    assert parse(_spec(), "orders").cluster == CLUSTER
 
 
 def test_full_config_has_owned_fields_and_secret_values() -> None:
-    spec = parse(_spec(connectorName="orders-src", tasksMax=2, config={"topic": "orders"}), "orders", None)
+    spec = parse(_spec(connectorName="orders-src", tasksMax=2, config={"topic": "orders"}), "orders")
     assert spec.full_config({"database.password": "s3cr3t"}) == {
         "topic": "orders",
         "database.password": "s3cr3t",
@@ -109,7 +94,7 @@ def test_full_config_has_owned_fields_and_secret_values() -> None:
 
 
 def test_full_config_owned_fields_win_over_user_config() -> None:
-    spec = parse(_spec(config={"name": "other", "tasks.max": 9}), "orders", None)
+    spec = parse(_spec(config={"name": "other", "tasks.max": 9}), "orders")
     full = spec.full_config({})
     assert full["name"] == "orders"
     assert full["tasks.max"] == "1"

@@ -13,11 +13,13 @@ import asyncio
 import copy
 from typing import Any
 
-from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
+from fibers.api import ANNOTATION_CONNECT_CLUSTER, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
+from fibers.connect.clusters import ClusterSpec
+from fibers.connect.registry import ClusterSettings, ConnectClusters, Known
 from fibers.connect.rest import ConnectorView
 from fibers.connect.sync import ConnectSync, SyncSettings
 
-CLUSTER = "http://connect:8083"
+CLUSTER = "local"  # a ConnectCluster
 
 
 class RecordingKube:
@@ -59,6 +61,9 @@ class LaggingConnect:
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
         return {}
 
+    async def validate(self, connector_class: str, config: dict[str, str]) -> dict[str, Any]:
+        return {"error_count": 0, "configs": []}
+
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:
         self.creates.append(name)
 
@@ -83,8 +88,10 @@ def _body(name: str, **meta: Any) -> dict[str, Any]:
 
 def _sync() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
     kube, connect = RecordingKube(), LaggingConnect()
-    sync = ConnectSync(kube, SyncSettings(fast_interval=0.05))  # type: ignore[arg-type]
-    sync.clients[CLUSTER] = connect  # type: ignore[assignment]
+    clusters = ConnectClusters(kube, ClusterSettings())  # type: ignore[arg-type]
+    clusters.known[CLUSTER] = Known(ClusterSpec(CLUSTER, "http://connect:8083"), "uid", client=connect)  # type: ignore[arg-type]
+    clusters.namespace_labels["shop"] = {}
+    sync = ConnectSync(kube, SyncSettings(fast_interval=0.05), clusters)  # type: ignore[arg-type]
     return sync, kube, connect
 
 
@@ -106,7 +113,8 @@ def test_a_connector_just_created_is_not_created_again_while_the_listing_lags() 
     assert len(kube.patches) == 1  # one claim, written before the create
     (claim,) = kube.patches
     assert {"op": "add", "path": "/metadata/finalizers", "value": [CONNECT_FINALIZER]} in claim
-    assert {"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION_OWNED_CONNECTOR: "orders"}} in claim
+    claimed = {ANNOTATION_OWNED_CONNECTOR: "orders", ANNOTATION_CONNECT_CLUSTER: CLUSTER}
+    assert {"op": "add", "path": "/metadata/annotations", "value": claimed} in claim
     assert sync.targets["shop", "orders"].owned
 
 

@@ -85,9 +85,11 @@ exactly these permissions.
 # Transform: a run's result ConfigMap is read, then deleted with the run.
 # DatabusConsumer: the checkpoint ConfigMap is read to mirror it into status, and deleted on a
 # seek or with the resource when checkpoint.retention is Delete (the consumers write it).
+# Connect: `fibers.dev/offsets: list` writes the offsets ConfigMap (created, or replaced), and
+# `alter` reads the one it names.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, delete]
+  verbs: [get, create, update, delete]
 # DatabusConsumer: one Deployment per instance, found by label, created, patched and deleted.
 - apiGroups: [apps]
   resources: [deployments]
@@ -110,6 +112,30 @@ watches them, so a CRD installed after the operator starts is picked up.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+# ConnectClusters are cluster-scoped: watched, and probed into their status, in both modes.
+- apiGroups: [fibers.dev]
+  resources: [connectclusters]
+  verbs: [get, list, watch]
+- apiGroups: [fibers.dev]
+  resources: [connectclusters/status]
+  verbs: [patch]
+# Namespace labels decide which ConnectClusters a namespace may use (spec.namespaceSelector); with a
+# fixed list of namespaces kopf also watches them, to notice a watched one created or deleted.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
+{{- end }}
+
+{{/* The ConnectCluster of Connects without spec.cluster: the chart's own when connect.url is set. */}}
+{{- define "fibers.connectClusterName" -}}
+{{- .Values.connect.clusterName | default (include "fibers.fullname" .) -}}
+{{- end }}
+{{- define "fibers.defaultConnectCluster" -}}
+{{- if .Values.connect.defaultCluster -}}
+{{- .Values.connect.defaultCluster -}}
+{{- else if .Values.connect.url -}}
+{{- include "fibers.connectClusterName" . -}}
+{{- end -}}
 {{- end }}
 
 {{/*

@@ -1,4 +1,4 @@
-"""kopf handler for Connect: thin, it only passes each watch event to the sync loop."""
+"""kopf handlers for Connect and ConnectCluster: thin, they only pass each watch event on."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 import kopf
 
 from fibers.api import GROUP, VERSION
+from fibers.connect.clusters import PLURAL as CLUSTERS
+from fibers.connect.registry import ConnectClusters
 from fibers.connect.spec import PLURAL
 from fibers.connect.sync import ConnectSync
 
@@ -16,3 +18,17 @@ async def connect_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, 
     """Creations, changes, deletions and the listing at start-up alike: the loop is level-triggered."""
     sync: ConnectSync = memo.connect
     await sync.observe(event.get("type"), body)
+
+
+@kopf.on.event(GROUP, VERSION, CLUSTERS)
+async def connect_cluster_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """ConnectClusters (cluster-scoped): kopf watches them cluster-wide even when it serves a few namespaces."""
+    registry: ConnectClusters = memo.connect_clusters
+    await registry.observe(event.get("type"), dict(body))
+
+
+@kopf.on.event("", "v1", "namespaces")
+async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A namespace's labels decide which ConnectClusters its Connects may use."""
+    registry: ConnectClusters = memo.connect_clusters
+    registry.namespace_event(event.get("type"), dict(body))

@@ -14,11 +14,16 @@ from typing import Any
 
 from fibers import conditions
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
+from fibers.connect.offsets import OffsetsRequest
 from fibers.connect.rest import ConnectorView, TaskView
 from fibers.connect.spec import ConnectSpec
 from fibers.redact import redact, truncate
 
 UNASSIGNED_GRACE = timedelta(seconds=30)  # a rebalance moves tasks through UNASSIGNED briefly
+# Problems the operator keeps retrying by itself (a Secret is read again until it exists): kstatus
+# Reconciling, not Stalled. Any other problem waits for the user to change something: Stalled.
+WAITING_REASONS = frozenset({"SecretNotFound", "SecretUnreadable", "ClusterNotFound", "NoConnectCluster"})
+OFFSETS = "Offsets"  # the condition that reports the last offsets operation
 
 
 class Step(enum.Enum):
@@ -27,6 +32,14 @@ class Step(enum.Enum):
     SET_STATE = "set-state"
     RESTART = "restart"
     RESTART_FAILED = "restart-failed"
+    STOP_FOR_OFFSETS = "stop-for-offsets"
+    LIST_OFFSETS = "list-offsets"
+    RESET_OFFSETS = "reset-offsets"
+    ALTER_OFFSETS = "alter-offsets"
+
+
+OFFSET_CHANGES = {"reset": Step.RESET_OFFSETS, "alter": Step.ALTER_OFFSETS}
+OFFSET_STEPS = frozenset({Step.STOP_FOR_OFFSETS, Step.LIST_OFFSETS, *OFFSET_CHANGES.values()})
 
 
 @dataclass
@@ -53,7 +66,15 @@ class Target:
     meta: dict[str, Any] = field(default_factory=dict)  # the resource's metadata as last seen
     deleting: bool = False  # the resource is marked for deletion
     first_seen: float = 0.0  # monotonic time the operator first saw the resource
+    cluster: str = ""  # the ConnectCluster chosen (see fibers.connect.clusters.place)
+    placed: bool = False  # that cluster exists and allows the namespace
     quiet_view: ConnectorView | None = None  # the connector as seen by a reconcile that left nothing to do
+    offsets_request: OffsetsRequest | None = None  # the fibers.dev/offsets annotation, until it is done
+    offsets_problem: str = ""  # why that annotation cannot be acted on
+    validated: tuple[str, ...] = ()  # the config Kafka Connect last validated without errors (see `config_key`)
+
+    def config_key(self) -> tuple[str, ...]:
+        return tuple(sorted(f"{k}={v}" for k, v in self.config.items()))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -90,6 +111,7 @@ class Outcome:
     rejected: bool = False  # Kafka Connect refused the request itself (4xx other than 409)
     reason: str = "ConnectError"  # the Ready reason for a failed step that may succeed when retried
     topics: list[str] | None = None
+    offsets: dict[str, Any] | None = None  # status.offsets after an offsets operation ended
 
 
 def failed_tasks(view: ConnectorView) -> list[TaskView]:
@@ -132,6 +154,13 @@ def decide(target: Target, observed: ConnectorView | None, now: datetime) -> lis
     steps = []
     if observed.config is not None and observed.config != target.config:
         steps.append(Step.UPDATE_CONFIG)
+    request = target.offsets_request
+    if request and request.needs_stop:
+        # Connect changes offsets of a STOPPED connector only; the state and restarts wait until then.
+        steps.append(OFFSET_CHANGES[request.operation] if observed.state == "STOPPED" else Step.STOP_FOR_OFFSETS)
+        return steps
+    if request:
+        steps.append(Step.LIST_OFFSETS)
     desired = spec.connect_state
     # UNASSIGNED and RESTARTING pass by themselves; a FAILED connector is restarted, not resumed.
     settling = observed.state in ("UNASSIGNED", "RESTARTING") or (observed.state == "FAILED" and desired == "RUNNING")
@@ -209,10 +238,12 @@ def _ready(
         ], phase
 
     if target.problem:
+        if target.problem.reason in WAITING_REASONS:
+            return progressing(target.problem.reason, target.problem.message)
         return stalled(target.problem.reason, target.problem.message)
     assert spec is not None
-    if outcome.failed and outcome.rejected:
-        return stalled(
+    if outcome.failed and outcome.rejected:  # tried again at every sync, so not given up on
+        return progressing(
             "ConnectRejected", f"Kafka Connect refused to {outcome.failed.value}: {redact(outcome.error, secrets)}"
         )
     if observed is None:
@@ -222,9 +253,13 @@ def _ready(
     if not target.owned:
         return stalled(
             "ConnectorNotOwned",
-            f"connector {spec.connector} already exists on {spec.cluster} and was not created by this resource; "
-            "it is left untouched. Delete it, or choose another connectorName.",
+            f"connector {spec.connector} already exists on ConnectCluster {target.cluster} and was not created by "
+            "this resource; it is left untouched. Delete it, or choose another connectorName.",
         )
+    request = target.offsets_request
+    if request and request.needs_stop and not target.paused:
+        doing = "stopping the connector" if observed.state != "STOPPED" else "applying them to the STOPPED connector"
+        return progressing("UpdatingOffsets", f"{request.operation} offsets: {doing}", observed.state.capitalize())
     paused_note = Condition(
         RECONCILING,
         False,
@@ -296,9 +331,24 @@ def _ready(
     ], phase
 
 
+def _offsets_condition(offsets: dict[str, Any] | None, problem: str) -> list[Condition]:
+    """`Offsets`: the last operation asked with the annotation, once there was one (kstatus ignores it)."""
+    if problem:
+        return [Condition(OFFSETS, False, "InvalidRequest", problem)]
+    last = (offsets or {}).get("lastOperation")
+    if not last:
+        return []
+    operation, ok = last.get("operation", ""), last.get("result") == "Succeeded"
+    done = {"list": "Listed", "reset": "Reset", "alter": "Altered"}.get(operation, "Done")
+    reason = done if ok else f"{operation.capitalize()}Failed"
+    return [Condition(OFFSETS, ok, reason, last.get("message", ""))]
+
+
 def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now: datetime) -> dict[str, Any]:
     """The full status to write for this target."""
     conds, phase = _ready(target, observed, outcome, now)
+    offsets = outcome.offsets if outcome.offsets is not None else target.status.get("offsets")
+    conds += _offsets_condition(offsets, target.offsets_problem)
     status: dict[str, Any] = {
         "observedGeneration": target.generation,
         "phase": phase,
@@ -308,7 +358,8 @@ def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now
     spec = target.spec
     if spec is None:
         return status
-    status["cluster"] = redact(spec.cluster, ())
+    if target.cluster:
+        status["cluster"] = target.cluster
     if target.owned:
         status["connectorName"] = spec.connector
     if (Step.CREATE in outcome.done or Step.RESTART in outcome.done) and spec.restart_nonce:
@@ -327,6 +378,8 @@ def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now
             }
         )
         status["autoRestart"] = _auto_restart_status(target, observed, outcome, now)
+    if offsets:
+        status["offsets"] = offsets
     topics = outcome.topics if outcome.topics is not None else target.status.get("topics")
     if topics:
         status["topics"] = topics

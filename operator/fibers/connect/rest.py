@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -91,9 +93,23 @@ class ConnectClient:
     """One Connect cluster's REST API over aiohttp (cheaper per call than httpx: at 500 connectors the
     operator makes thousands of calls in a burst, on the same cores as Connect)."""
 
-    def __init__(self, url: str, *, timeout: float = 15.0, parallel: int = 16) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 15.0,
+        parallel: int = 16,
+        headers: dict[str, str] | None = None,
+        tls: ssl.SSLContext | bool = True,
+    ) -> None:
+        """`headers` carry the credentials (never logged); `tls` is a context with the cluster's CA,
+        True for the system's CAs, or False to skip verification."""
         self.url = url.rstrip("/")
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            headers=headers,
+            connector=aiohttp.TCPConnector(ssl=tls),
+        )
         # Connect serialises connector changes in its herder; more requests at once only queue there.
         self._gate = asyncio.Semaphore(parallel)
 
@@ -167,6 +183,35 @@ class ConnectClient:
     async def restart(self, name: str, *, only_failed: bool) -> None:
         params = {"includeTasks": "true", "onlyFailed": "true" if only_failed else "false"}
         await self._request("POST", f"/connectors/{name}/restart", params=params)
+
+    async def server_info(self) -> dict[str, Any]:
+        """The worker's version, commit and Kafka cluster id (`GET /`)."""
+        return dict((await self._request("GET", "/", gated=False)).json() or {})
+
+    async def plugins(self) -> list[dict[str, str]]:
+        """The installed connector plugins: class, type (source or sink) and version."""
+        response = await self._request("GET", "/connector-plugins", gated=False)
+        return [{k: str(p.get(k, "")) for k in ("class", "type", "version")} for p in response.json() or []]
+
+    async def validate(self, connector_class: str, config: dict[str, str]) -> dict[str, Any]:
+        """Connect's validation of a config (`error_count`, and per key its `errors`); nothing is changed."""
+        path = f"/connector-plugins/{quote(connector_class, safe='')}/config/validate"
+        return dict((await self._request("PUT", path, json=config)).json() or {})
+
+    async def offsets(self, name: str) -> dict[str, Any]:
+        """The connector's committed offsets (KIP-875): `{"offsets": [{"partition": …, "offset": …}]}`."""
+        response = await self._request("GET", f"/connectors/{name}/offsets")
+        return dict(response.json() or {"offsets": []})
+
+    async def reset_offsets(self, name: str) -> str:
+        """Forget every committed offset of a STOPPED connector; Connect's message says what it did."""
+        response = await self._request("DELETE", f"/connectors/{name}/offsets")
+        return str((response.json() or {}).get("message", ""))
+
+    async def alter_offsets(self, name: str, offsets: dict[str, Any]) -> str:
+        """Set the given partitions' offsets of a STOPPED connector (others are left as they are)."""
+        response = await self._request("PATCH", f"/connectors/{name}/offsets", json=offsets)
+        return str((response.json() or {}).get("message", ""))
 
     async def topics(self, name: str) -> list[str]:
         response = await self._request("GET", f"/connectors/{name}/topics")

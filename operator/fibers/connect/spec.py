@@ -42,7 +42,7 @@ class AutoRestartPolicy:
 
 @dataclass(frozen=True)
 class ConnectSpec:
-    cluster: str
+    cluster: str | None  # a ConnectCluster's name; None: the default (see fibers.connect.clusters.place)
     connector: str
     connector_class: str
     tasks_max: int
@@ -51,6 +51,9 @@ class ConnectSpec:
     state: str = "running"
     restart_nonce: str | None = None
     auto_restart: AutoRestartPolicy = AutoRestartPolicy()
+    # resume: a connector this resource creates takes the offsets Connect kept under its name (Connect's
+    # way); reset: it starts from none (see fibers.connect.offsets).
+    offsets_on_create: str = "resume"
 
     @property
     def connect_state(self) -> str:
@@ -76,10 +79,7 @@ def config_value(value: Any) -> str:
     raise SpecError(f"config values must be strings or numbers, not {type(value).__name__}")
 
 
-def parse(spec: dict[str, Any], name: str, default_cluster: str | None) -> ConnectSpec:
-    cluster = spec.get("cluster") or default_cluster
-    if not cluster:
-        raise SpecError("spec.cluster is not set and the operator has no default Connect URL (connect.defaultUrl)")
+def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
     config = {}
     for key, value in (spec.get("config") or {}).items():
         try:
@@ -92,7 +92,7 @@ def parse(spec: dict[str, Any], name: str, default_cluster: str | None) -> Conne
     }
     restart = spec.get("autoRestart") or {}
     return ConnectSpec(
-        cluster=cluster.rstrip("/"),
+        cluster=spec.get("cluster") or None,
         connector=spec.get("connectorName") or name,
         connector_class=spec["class"],
         tasks_max=int(spec.get("tasksMax", 1)),
@@ -107,4 +107,5 @@ def parse(spec: dict[str, Any], name: str, default_cluster: str | None) -> Conne
             max_backoff_seconds=int(restart.get("maxBackoffSeconds", 1800)),
             reset_after_seconds=int(restart.get("resetAfterSeconds", 600)),
         ),
+        offsets_on_create=(spec.get("offsets") or {}).get("onCreate", "resume"),
     )

@@ -21,6 +21,9 @@ from kubernetes.client.exceptions import ApiException
 
 from fibers import conditions, memory, metrics
 from fibers.api import (
+    ANNOTATION_CONNECT_CLUSTER,
+    ANNOTATION_OFFSETS,
+    ANNOTATION_OFFSETS_FROM,
     ANNOTATION_OWNED_CONNECTOR,
     ANNOTATION_PAUSED,
     ANNOTATION_RESTART,
@@ -28,13 +31,14 @@ from fibers.api import (
     FINALIZER,
     object_ref,
 )
-from fibers.conditions import READY, Condition, utcnow
-from fibers.connect import reconcile
-from fibers.connect.reconcile import Outcome, Step, Target
+from fibers.conditions import READY, Condition, format_time, utcnow
+from fibers.connect import clusters, offsets, reconcile, validation
+from fibers.connect.reconcile import OFFSET_STEPS, Outcome, Step, Target
+from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.spec import KIND, PLURAL, SpecError, parse
 from fibers.kube import Kube, SecretMissing, additions, describe
-from fibers.redact import redact
+from fibers.redact import redact, truncate
 
 log = logging.getLogger("fibers.connect")
 TOPICS_RECHECK = 60.0  # seconds before asking Connect again for a connector that reported no topics
@@ -61,14 +65,27 @@ FAILURE_REASONS = frozenset(
         "SecretNotFound",
         "SecretUnreadable",
         "ClaimFailed",
+        "InvalidConfig",
+        "ClusterNotFound",
+        "ClusterNotAllowed",
+        "NoConnectCluster",
+        "AmbiguousDefaultCluster",
     }
 )
 SECRET_REASONS = frozenset({"SecretNotFound", "SecretUnreadable"})  # re-read while they last
 DELETE_RETRY = 10.0  # seconds between attempts to delete a connector Connect would not delete
 
 
+class InvalidConfig(Exception):
+    """Kafka Connect's validation found errors: nothing is created or changed until the spec changes."""
+
+
 class ClaimFailed(Exception):
     """The claim could not be written to the resource (e.g. no permission): nothing is created."""
+
+
+def _ctx(target: Target) -> dict[str, str]:
+    return {"namespace": target.namespace, "resource": target.name}
 
 
 def _fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
@@ -80,6 +97,8 @@ def _fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
         meta.get("generation"),
         annotations.get(ANNOTATION_PAUSED),
         ANNOTATION_RESTART in annotations,
+        annotations.get(ANNOTATION_OFFSETS),
+        annotations.get(ANNOTATION_OFFSETS_FROM),
         bool(meta.get("deletionTimestamp")),
     )
 
@@ -92,15 +111,17 @@ class SyncSettings:
     parallel_calls: int = 16  # concurrent calls to one Connect cluster
     topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
     topic_refreshes_converging: int = 64  # the same while connectors converge (topic look-ups are cheap)
-    default_cluster: str | None = None
+    default_cluster: str | None = None  # the ConnectCluster of Connects without spec.cluster (chart value)
 
 
 class ConnectSync:
-    def __init__(self, kube: Kube, settings: SyncSettings) -> None:
+    def __init__(self, kube: Kube, settings: SyncSettings, clusters: ConnectClusters) -> None:
         self.kube = kube
         self.settings = settings
+        self.clusters = clusters
+        clusters.on_change = self._clusters_changed
         self.targets: dict[tuple[str, str], Target] = {}
-        self.clients: dict[str, ConnectClient] = {}
+        self._replace_due = False  # a ConnectCluster or a namespace's labels changed: place every resource again
         self._converging: set[str] = set()
         self._nudged: set[str] = set()  # clusters with a changed resource, synced without waiting
         self._last_sync: dict[str, float] = {}
@@ -159,10 +180,17 @@ class ConnectSync:
             first_seen=previous.first_seen if previous else time.monotonic(),
         )
         try:
-            target.spec = parse(dict(body.get("spec") or {}), name, self.settings.default_cluster)
-            await self._resolve_secrets(target)
+            target.offsets_request = offsets.request_from(annotations, name)
+        except offsets.OffsetsInputError as exc:
+            target.offsets_problem = str(exc)
+        try:
+            target.spec = parse(dict(body.get("spec") or {}), name)
         except SpecError as exc:
             target.problem = Condition(READY, False, "InvalidSpec", str(exc))
+        else:
+            await self._place(target)
+            if target.placed:
+                await self._resolve_secrets(target)
         if target.spec:
             # Ours: the claim we wrote (a watch event may predate it, so what we know counts too), or
             # one from before the operator kept its own finalizer (kopf's, with the name in status).
@@ -180,6 +208,39 @@ class ConnectSync:
             extra={"namespace": namespace, "resource": name, "generation": target.generation, "owned": target.owned},
         )
         self.nudge(target)
+
+    async def _place(self, target: Target) -> None:
+        """Choose the resource's ConnectCluster, or say why it cannot have one (see `clusters.place`)."""
+        assert target.spec is not None
+        placement = clusters.place(
+            requested=target.spec.cluster,
+            bound=(target.meta.get("annotations") or {}).get(ANNOTATION_CONNECT_CLUSTER),
+            namespace=target.namespace,
+            labels=await self.clusters.labels_of(target.namespace),
+            clusters=self.clusters.specs(),
+            operator_default=self.settings.default_cluster,
+        )
+        target.cluster, target.placed, target.problem = placement.cluster, placement.placed, placement.problem
+
+    def _clusters_changed(self) -> None:
+        self._replace_due = True
+        self._wake.set()
+
+    async def _replace_all(self) -> None:
+        """Place every resource again; one whose cluster changed (or became usable) is synced at once."""
+        self._replace_due = False
+        for target in list(self.targets.values()):
+            if target.spec is None or target.deleting:
+                continue
+            before = (target.cluster, target.placed, target.problem)
+            if target.problem is None or target.problem.reason in clusters.PLACEMENT_REASONS:
+                await self._place(target)
+            if (target.cluster, target.placed, target.problem) == before:
+                continue
+            if target.placed:
+                await self._resolve_secrets(target)
+            target.quiet_view = None
+            self.nudge(target)
 
     async def _resolve_secrets(self, target: Target) -> None:
         assert target.spec is not None
@@ -220,7 +281,7 @@ class ConnectSync:
             try:
                 if target.owned:
                     assert target.spec is not None
-                    await self._delete_connector(self._client(target.spec.cluster), target.spec.connector)
+                    await self._delete_connector(self.clusters.client(target.cluster), target.spec.connector)
                     log.info("connector deleted", extra={**ctx, "connector": target.spec.connector})
                 if CONNECT_FINALIZER in target.finalizers:
                     await self.kube.remove_finalizer(PLURAL, target.namespace, target.name, CONNECT_FINALIZER)
@@ -246,23 +307,18 @@ class ConnectSync:
 
     def nudge(self, target: Target) -> None:
         """Sync the target's cluster soon (after a short pause that gathers a burst of changes)."""
-        if target.spec:
-            self._converging.add(target.spec.cluster)
-            self._nudged.add(target.spec.cluster)
+        if target.spec and target.placed:
+            self._converging.add(target.cluster)
+            self._nudged.add(target.cluster)
         self._wake.set()
 
     # ----- the loop ------------------------------------------------------------------------------
 
-    def _client(self, cluster: str) -> ConnectClient:
-        if cluster not in self.clients:
-            self.clients[cluster] = ConnectClient(cluster, parallel=self.settings.parallel_calls)
-        return self.clients[cluster]
-
     def _by_cluster(self) -> dict[str, list[Target]]:
         groups: dict[str, list[Target]] = defaultdict(list)
         for target in self.targets.values():
-            if target.spec and not target.deleting:
-                groups[target.spec.cluster].append(target)
+            if target.spec and target.placed and not target.deleting:
+                groups[target.cluster].append(target)
         return groups
 
     def _interval(self, cluster: str) -> float:
@@ -280,6 +336,8 @@ class ConnectSync:
 
     async def _tick(self) -> None:
         """Sync the clusters that are due, then sleep until the next is due or something changes."""
+        if self._replace_due:
+            await self._replace_all()
         groups = self._by_cluster()
         now = time.monotonic()
         due = [c for c in groups if c in self._nudged or now - self._last_sync.get(c, 0) >= self._interval(c)]
@@ -316,11 +374,10 @@ class ConnectSync:
     async def _report_unplaced(self) -> None:
         """Resources the loop cannot sync (invalid spec) still get a status saying why."""
         for target in list(self.targets.values()):
-            if target.spec is None and not target.deleting:
+            if (target.spec is None or not target.placed) and not target.deleting:
                 await self._publish(target, reconcile.report(target, None, Outcome(), utcnow()))
 
     async def _sync_cluster(self, cluster: str, targets: list[Target]) -> None:
-        client = self._client(cluster)
         now = time.monotonic()
         self._last_sync[cluster] = now
         self._nudged.discard(cluster)
@@ -328,20 +385,22 @@ class ConnectSync:
         # to match its spec (a changed spec); connectors being created or starting need statuses only.
         with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval
         try:
+            client = self.clusters.client(cluster)
             listing = await client.list_expanded(configs=with_configs)
             if not with_configs and any(
                 t.spec and not t.problem and not t.config_verified and t.spec.connector in listing for t in targets
             ):
                 with_configs = True
                 listing = await client.list_expanded(configs=True)
-        except (ConnectUnreachable, ConnectError) as exc:
+        except (ConnectUnreachable, ConnectError, ClusterUnavailable) as exc:
             message = redact(str(exc), ())
-            log.warning("Kafka Connect unreachable", extra={"cluster": redact(cluster, ()), "error": message})
+            log.warning("Kafka Connect unreachable", extra={"cluster": cluster, "error": message})
             for target in targets:
                 target.quiet_view = None  # its status now says unreachable: the next listing must be acted on
                 await self._publish(target, self._unreachable_status(target, message))
             self._converging.add(cluster)
             return
+        self.clusters.note_listing(cluster, listing)
         if with_configs:
             self._configs_read[cluster] = now
         # While connectors are converging, learn their topics quickly; at rest, only a few per sync;
@@ -460,7 +519,7 @@ class ConnectSync:
         outcome = Outcome()
         for step in steps:
             try:
-                await self._execute(client, target, step)
+                await self._execute(client, target, step, outcome)
             except ConnectError as exc:
                 outcome.failed, outcome.error = step, exc.message
                 outcome.rejected = 400 <= exc.status_code < 500 and not exc.rebalancing and exc.status_code != 404
@@ -470,6 +529,10 @@ class ConnectSync:
                 break
             except ClaimFailed as exc:
                 outcome.failed, outcome.error, outcome.reason = step, str(exc), "ClaimFailed"
+                break
+            except InvalidConfig as exc:
+                target.problem = Condition(READY, False, "InvalidConfig", str(exc))
+                log.warning("config rejected by validation", extra={**_ctx(target), "error": str(exc)})
                 break
             outcome.done.append(step)
         if observed and target.owned and (steps or target.topics_due_now()) and refresh_budget[0] > 0:
@@ -484,6 +547,10 @@ class ConnectSync:
         status = reconcile.report(target, observed, outcome, now)
         metrics.connector_state(target.namespace, target.name, status.get("connectorState"), status.get("runningTasks"))
         await self._publish(target, status)
+        if outcome.offsets is not None:
+            await self.kube.remove_annotation(
+                PLURAL, target.namespace, target.name, ANNOTATION_OFFSETS, ANNOTATION_OFFSETS_FROM
+            )
         if Step.RESTART in outcome.done and target.restart_requested:
             target.restart_requested = False
             await self.kube.remove_annotation(PLURAL, target.namespace, target.name, ANNOTATION_RESTART)
@@ -504,7 +571,126 @@ class ConnectSync:
             target.quiet_view = observed
         return settled
 
-    async def _claim(self, target: Target) -> None:
+    async def _validate(self, client: ConnectClient, target: Target) -> None:
+        """Kafka Connect's own validation, once per distinct config; errors raise InvalidConfig naming fields."""
+        assert target.spec is not None
+        key = target.config_key()
+        if target.validated == key:
+            return
+        spec = target.spec
+        if unknown := validation.unknown_class(
+            spec.connector_class, self.clusters.plugins(target.cluster), target.cluster
+        ):
+            raise InvalidConfig(unknown)
+        try:
+            result = await client.validate(spec.connector_class, target.config)
+        except ConnectError as exc:
+            if exc.rebalancing or (exc.status_code >= 500 and "find any class" not in exc.message):
+                raise
+            if "find any class" in exc.message:  # Connect lists every plugin in full: say it shorter
+                installed = await client.plugins()
+                raise InvalidConfig(
+                    validation.unknown_class(spec.connector_class, installed, target.cluster) or exc.message
+                ) from None
+            raise InvalidConfig(f"spec.class: {redact(exc.message, target.secrets)}") from None
+        if problems := validation.errors(result, spec):
+            raise InvalidConfig(validation.describe(problems, target.secrets))
+        target.validated = key
+
+    async def _offsets_step(self, client: ConnectClient, target: Target, step: Step, outcome: Outcome) -> None:
+        """One step of an offsets operation. Connect refusing it ends the operation as Failed (the
+        connector then returns to its desired state); a rebalance (409) or no answer is retried."""
+        assert target.spec is not None and target.offsets_request is not None
+        connector, request = target.spec.connector, target.offsets_request
+        ctx = {"namespace": target.namespace, "resource": target.name, "connector": connector}
+        source = f"ConfigMap {target.namespace}/{request.configmap}"
+        try:
+            if step is Step.STOP_FOR_OFFSETS:
+                if request.operation == "alter":
+                    await self._offsets_to_apply(target, source)  # bad input fails before the connector stops
+                await client.set_state(connector, "STOPPED")
+                log.info("connector stopped to change its offsets", extra={**ctx, "operation": request.operation})
+                return
+            if step is Step.LIST_OFFSETS:
+                listed = await client.offsets(connector)
+                name = offsets.configmap_name(target.name)
+                read_at = format_time(utcnow())
+                await self.kube.put_configmap(
+                    target.namespace,
+                    name,
+                    {offsets.CONFIGMAP_KEY: offsets.render(listed)},
+                    owner=object_ref(KIND, target.namespace, target.name, target.uid),
+                    annotations={"fibers.dev/offsets-read-at": read_at, "fibers.dev/connector": connector},
+                )
+                count = len(listed.get("offsets") or [])
+                message = f"{count} partition(s) written to ConfigMap {name} at {read_at}"
+                await self._offsets_done(target, outcome, True, message, configMap=name, listedAt=read_at)
+            elif step is Step.RESET_OFFSETS:
+                message = await client.reset_offsets(connector)
+                await self._offsets_done(target, outcome, True, message or "offsets reset")
+            elif step is Step.ALTER_OFFSETS:
+                message = await client.alter_offsets(connector, await self._offsets_to_apply(target, source))
+                await self._offsets_done(target, outcome, True, message or f"offsets from {source} applied")
+        except offsets.OffsetsInputError as exc:
+            await self._offsets_done(target, outcome, False, str(exc))
+        except ConnectError as exc:
+            if exc.rebalancing:
+                raise
+            await self._offsets_done(target, outcome, False, f"Kafka Connect refused: {exc.message}")
+
+    async def _offsets_to_apply(self, target: Target, source: str) -> dict[str, Any]:
+        assert target.offsets_request is not None
+        data = await self.kube.configmap_data(target.namespace, target.offsets_request.configmap)
+        if data is None:
+            raise offsets.OffsetsInputError(f"{source} not found")
+        return offsets.parse(data.get(offsets.CONFIGMAP_KEY), source)
+
+    async def _offsets_done(self, target: Target, outcome: Outcome, ok: bool, message: str, **listed: str) -> None:
+        """End the operation: the result into status (with Event), the annotations removed."""
+        assert target.offsets_request is not None
+        operation = target.offsets_request.operation
+        message = truncate(redact(message, target.secrets), 1024)
+        previous = dict(target.status.get("offsets") or {})
+        outcome.offsets = {
+            **previous,
+            **listed,
+            "lastOperation": {
+                "operation": operation,
+                "result": "Succeeded" if ok else "Failed",
+                "message": message,
+                "time": format_time(utcnow()),
+            },
+        }
+        target.offsets_request = None  # the annotations go once the status says how it ended
+        log.log(
+            logging.INFO if ok else logging.WARNING,
+            "offsets %s: %s",
+            operation,
+            message,
+            extra={"namespace": target.namespace, "resource": target.name},
+        )
+        reason = {"list": "OffsetsListed", "reset": "OffsetsReset", "alter": "OffsetsAltered"}[operation]
+        self._event(target, reason if ok else "OffsetsFailed", f"{operation}: {message}", warning=not ok)
+
+    async def _write_ahead(self, target: Target, annotations: dict[str, str]) -> None:
+        """Annotations the resource must carry before Connect is changed (they outlive an operator restart)."""
+        try:
+            found = await self.kube.patch_object(
+                PLURAL, target.namespace, target.name, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as exc:
+            raise ClaimFailed(f"cannot annotate the resource: {describe(exc)}") from None
+        if not found:
+            raise LookupError("the resource was deleted")
+        target.meta = {**target.meta, "annotations": {**(target.meta.get("annotations") or {}), **annotations}}
+        self._note_offsets_request(target)
+
+    def _note_offsets_request(self, target: Target) -> None:
+        annotations = target.meta.get("annotations") or {}
+        target.offsets_request = offsets.request_from(annotations, target.name)
+        self._seen[target.key] = _fingerprint(target.meta)  # our own patch needs no new look at the spec
+
+    async def _claim(self, target: Target, *, reset_offsets: bool = False) -> None:
         """Write-ahead: claim the connector name, with our finalizer, before creating the connector.
 
         One patch carries both, so a crash between it and the create leaves a claim we recognise
@@ -512,7 +698,9 @@ class ConnectSync:
         without its connector. The patch only adds: it never drops a finalizer someone else set.
         """
         assert target.spec is not None
-        claim = {ANNOTATION_OWNED_CONNECTOR: target.spec.connector}
+        claim = {ANNOTATION_OWNED_CONNECTOR: target.spec.connector, ANNOTATION_CONNECT_CLUSTER: target.cluster}
+        if reset_offsets:
+            claim[ANNOTATION_OFFSETS] = "reset"
         ops = additions(target.meta, CONNECT_FINALIZER, claim)
         try:
             patched = await self.kube.patch_object(PLURAL, target.namespace, target.name, ops)
@@ -526,15 +714,27 @@ class ConnectSync:
             "finalizers": [*target.finalizers, CONNECT_FINALIZER],
             "annotations": {**(target.meta.get("annotations") or {}), **claim},
         }
+        if reset_offsets:
+            self._note_offsets_request(target)
 
-    async def _execute(self, client: ConnectClient, target: Target, step: Step) -> None:
+    async def _execute(self, client: ConnectClient, target: Target, step: Step, outcome: Outcome) -> None:
         spec = target.spec
         assert spec is not None
         ctx = {"namespace": target.namespace, "resource": target.name, "connector": spec.connector}
+        if step in OFFSET_STEPS:
+            await self._offsets_step(client, target, step, outcome)
+            return
+        if step in (Step.CREATE, Step.UPDATE_CONFIG):
+            await self._validate(client, target)
         if step is Step.CREATE:
+            reset = spec.offsets_on_create == "reset"
             if not target.owned:  # an owned one without our finalizer was claimed again in `_reconcile`
-                await self._claim(target)
-            await client.create(spec.connector, target.config, spec.connect_state)
+                await self._claim(target, reset_offsets=reset)
+            elif reset:
+                await self._write_ahead(target, {ANNOTATION_OFFSETS: "reset"})
+            # With onCreate: reset the connector is created STOPPED and its offsets reset before it runs:
+            # the `reset` annotation written ahead carries that through an operator restart.
+            await client.create(spec.connector, target.config, "STOPPED" if reset else spec.connect_state)
             target.config_verified = True
             target.created_at = time.monotonic()
             target.topics_due = target.created_at + 2.0  # a connector reports topics once it has written
@@ -565,8 +765,13 @@ class ConnectSync:
 
     async def _publish(self, target: Target, status: dict[str, Any]) -> None:
         """Write the status if it changed (or the heartbeat is due), and post an Event on Ready flips."""
-        if self.targets.get(target.key) is not target:
-            return  # forgotten (deleted) or replaced meanwhile
+        offsets_changed = status.get("offsets") != target.status.get("offsets")
+        current = self.targets.get(target.key)
+        if current is not target:
+            if not (offsets_changed and current and current.uid == target.uid):
+                return  # forgotten (deleted) or replaced meanwhile
+            # An ended offsets operation is reported even so: its annotation goes next, and with it the request.
+            current.status = {**current.status, "offsets": status["offsets"]}
         unchanged = reconcile.significant(status) == reconcile.significant(target.status)
         if unchanged and not self._heartbeat_due(target):
             return
@@ -576,6 +781,7 @@ class ConnectSync:
             before.get("reason", "Creating") in STARTUP_REASONS  # a new resource has no Ready condition yet
             and after.get("reason") in STARTUP_REASONS
             and time.monotonic() - self._written.get(target.key, target.first_seen) < STARTUP_STATUS_EVERY
+            and not offsets_changed
         ):
             return  # the resource is still converging, so a later sync writes what this one skipped
         await self.kube.replace_status(PLURAL, target.namespace, target.name, status, target.status)
@@ -595,5 +801,3 @@ class ConnectSync:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for client in self.clients.values():
-            await client.aclose()
