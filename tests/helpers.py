@@ -149,3 +149,25 @@ def produce(bootstrap: str, topic: str, values: list[Any], *, key: str | None = 
         record_key = str(value[key]).encode() if key else None
         producer.produce(topic, key=record_key, value=json.dumps(value).encode())
     assert producer.flush(30) == 0
+
+
+def debezium_spec(postgres_dsn: str, *, table: str, prefix: str, **extra: Any) -> dict[str, Any]:
+    """A Connect spec streaming one table of the stack's PostgreSQL with Debezium (slot and publication `prefix`)."""
+    import psycopg
+
+    dsn = psycopg.conninfo.conninfo_to_dict(postgres_dsn)
+    config = {
+        "plugin.name": "pgoutput",
+        "database.hostname": dsn["host"],
+        "database.port": int(str(dsn["port"])),
+        "database.user": "postgres",
+        "database.password": "unused",
+        "database.dbname": "postgres",
+        "topic.prefix": prefix,
+        "table.include.list": f"public.{table}",
+        "slot.name": prefix,
+        "publication.name": prefix,
+        "publication.autocreate.mode": "filtered",
+        **extra.pop("config", {}),
+    }
+    return {"class": "io.debezium.connector.postgresql.PostgresConnector", "config": config, **extra}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,8 @@ class StackInfo:
     apiserver: str = ""
     kafka_bootstrap: str = ""
     connect_url: str = ""
+    connect_tls_url: str = ""  # the same worker's REST API over TLS, with a CA of its own
+    connect_tls_ca: str = ""  # that CA (PEM file)
     postgres_dsn: str = ""
     mongodb_uri: str = ""
     spark_kafka_jars: str = ""
@@ -104,6 +107,10 @@ def up() -> StackInfo:
         return running
     if running:
         down()
+    elif orphans := _orphans(run_dir()):
+        # A start or stop that was interrupted lost stack.json but left servers running: stop them first.
+        log.warning("stopping a stack that was not recorded", extra={"processes": sorted(orphans.pids)})
+        _stop_all(orphans)
     # Builds happen here, once, before any server starts; the images last (they need the binaries).
     fetch.fetch_all([name for name in fetch.COMPONENTS if name != "images"])
     built = images.build_all()
@@ -269,6 +276,31 @@ def _stop_all(info: StackInfo) -> None:
     node.clear_host_paths()
 
 
+def _orphans(root: Path) -> StackInfo | None:
+    """The servers of an unrecorded stack in `root`, found by their command lines (None when there are none)."""
+    pids: dict[str, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not any(str(root) in arg for arg in argv):
+            continue
+        if any("ConnectDistributed" in arg for arg in argv):
+            name = "kafka-connect"
+        elif "kafka.Kafka" in argv:
+            name = "kafka"
+        else:
+            name = Path(argv[0]).name
+            if name == "postgres" and "-D" not in argv:
+                continue  # a backend: the postmaster stops it
+        if name in STOP_ORDER and process.alive(int(proc.name)):
+            pids.setdefault(name, int(proc.name))
+    return StackInfo(run_dir=str(root), pids=pids) if pids else None
+
+
 def _cleanup_runtime(info: StackInfo) -> None:
     """With containerd gone (it died, or a half-started stack): start it once more to remove the containers."""
     root = Path(info.run_dir)
@@ -291,7 +323,7 @@ def _cleanup_runtime(info: StackInfo) -> None:
 
 def down() -> None:
     """Stop every recorded process, remove what the node added to the host, and the run directory's data."""
-    info = current()
+    info = current() or _orphans(run_dir())
     if info is None:
         return
     _stop_all(info)

@@ -15,7 +15,9 @@ import httpx
 from fibers_stack import fetch
 from fibers_stack.launcher import Launcher
 from fibers_stack.network import NODE_IP
-from fibers_stack.process import StackError, free_port, port_open
+from fibers_stack.process import StackError, free_port, openssl, port_open
+
+KEYSTORE_PASSWORD = "fibers-stack"  # of a throwaway keystore for the REST API's https listener
 
 REQUIRED_PLUGINS = (
     "org.apache.kafka.connect.file.FileStreamSourceConnector",
@@ -63,6 +65,65 @@ def _connect_ready(url: str) -> bool:
     return all(p in plugins for p in REQUIRED_PLUGINS)
 
 
+def _rest_tls(home: Path) -> tuple[Path, Path]:
+    """A CA of its own and a certificate for the node IP, as a PKCS12 keystore for Connect's https listener."""
+    tls = home / "tls"
+    tls.mkdir(exist_ok=True)
+    ca_key, ca, key, csr, cert = (tls / n for n in ("ca.key", "ca.crt", "tls.key", "tls.csr", "tls.crt"))
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=fibers-connect-ca",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+    )
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kafka-connect", "-keyout", str(key), "-out", str(csr))
+    (tls / "san.ext").write_text(f"subjectAltName=IP:{NODE_IP}\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        str(tls / "san.ext"),
+        "-out",
+        str(cert),
+    )
+    keystore = tls / "connect.p12"
+    openssl(
+        "pkcs12",
+        "-export",
+        "-in",
+        str(cert),
+        "-inkey",
+        str(key),
+        "-out",
+        str(keystore),
+        "-passout",
+        f"pass:{KEYSTORE_PASSWORD}",
+    )
+    return keystore, ca
+
+
+def _tls_ready(url: str, ca: Path) -> bool:
+    return httpx.get(f"{url}/", timeout=2, verify=str(ca)).status_code == 200
+
+
 def start(launcher: Launcher) -> dict[str, str]:
     lib, plugins = fetch.kafka(), fetch.connect_plugins()
     home = launcher.run_dir / "kafka"
@@ -106,6 +167,9 @@ def start(launcher: Launcher) -> dict[str, str]:
     launcher.wait("kafka", lambda: port_open(broker_port), timeout=60)
 
     connect_url = f"http://{NODE_IP}:{rest_port}"
+    # A second REST listener over TLS (its own CA), for ConnectClusters with spec.tls; workers talk over http.
+    keystore, ca = _rest_tls(home)
+    connect_tls_url = f"https://{NODE_IP}:{free_port()}"
     worker = _properties(
         home / "connect-distributed.properties",
         {
@@ -124,7 +188,13 @@ def start(launcher: Launcher) -> dict[str, str]:
             "status.storage.replication.factor": 1,
             "status.storage.partitions": 1,
             "offset.flush.interval.ms": 1000,
-            "listeners": connect_url,
+            "listeners": f"{connect_url},{connect_tls_url}",
+            "rest.advertised.listener": "http",
+            "listeners.https.ssl.keystore.type": "PKCS12",
+            "listeners.https.ssl.keystore.location": keystore,
+            "listeners.https.ssl.keystore.password": KEYSTORE_PASSWORD,
+            "listeners.https.ssl.key.password": KEYSTORE_PASSWORD,
+            "listeners.https.ssl.client.auth": "none",
             "rest.advertised.host.name": NODE_IP,
             "rest.advertised.port": rest_port,
             "plugin.path": plugins,
@@ -136,4 +206,10 @@ def start(launcher: Launcher) -> dict[str, str]:
         _java(lib, home, "1g", "org.apache.kafka.connect.cli.ConnectDistributed", str(worker)),
     )
     launcher.wait("kafka-connect", lambda: _connect_ready(connect_url), timeout=180)
-    return {"kafka_bootstrap": bootstrap, "connect_url": connect_url}
+    launcher.wait("kafka-connect", lambda: _tls_ready(connect_tls_url, ca), timeout=30)
+    return {
+        "kafka_bootstrap": bootstrap,
+        "connect_url": connect_url,
+        "connect_tls_url": connect_tls_url,
+        "connect_tls_ca": str(ca),
+    }

@@ -8,7 +8,6 @@ takes the not-ready taint off the node once the kubelet reports Ready.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import httpx
 from fibers_stack import fetch
 from fibers_stack.launcher import Launcher
 from fibers_stack.network import NODE_IP, NODE_NAME, SERVICE_CIDR
-from fibers_stack.process import free_port
+from fibers_stack.process import free_port, openssl
 
 ADMIN_TOKEN = "fibers-stack-admin"  # a throwaway cluster closed to this machine: static tokens are enough
 NODE_TOKEN = "fibers-stack-node"
@@ -26,15 +25,11 @@ def _http_ok(url: str, **kwargs: object) -> bool:
     return httpx.get(url, timeout=2, **kwargs).status_code == 200  # type: ignore[arg-type]
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 def _make_pki(pki: Path) -> None:
     """A CA for the kubelet to trust, the API server's client certificate for it, and the SA keys."""
-    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
-    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
-    _openssl(
+    openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    openssl(
         "req",
         "-x509",
         "-newkey",
@@ -49,7 +44,7 @@ def _make_pki(pki: Path) -> None:
         "-out",
         str(pki / "ca.crt"),
     )
-    _openssl(
+    openssl(
         "req",
         "-newkey",
         "rsa:2048",
@@ -61,7 +56,7 @@ def _make_pki(pki: Path) -> None:
         "-out",
         str(pki / "kubelet-client.csr"),
     )
-    _openssl(
+    openssl(
         "x509",
         "-req",
         "-in",

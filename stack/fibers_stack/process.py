@@ -34,6 +34,10 @@ def port_open(port: int, host: str = NODE_IP) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

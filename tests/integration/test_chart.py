@@ -37,6 +37,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
+from fibers.conditions import find
 from fibers_stack import StackInfo, fetch
 from tests.helpers import Resources, produce, read_topic, wait_for
 
@@ -164,8 +165,15 @@ def test_template_is_valid_for_the_real_apiserver(
         assert {(ns, operator_rules) for ns in watched} <= roles
         [cluster_read] = by_kind(docs, "ClusterRole")
         granted = {res for rule in cluster_read["rules"] for res in rule["resources"]}
-        assert granted == {"customresourcedefinitions", "namespaces"}  # reads only, nothing namespaced
-        assert {v for rule in cluster_read["rules"] for v in rule["verbs"]} == {"list", "watch"}
+        # Reads, and the status of ConnectClusters (cluster-scoped): nothing namespaced.
+        assert granted == {"customresourcedefinitions", "namespaces", "connectclusters", "connectclusters/status"}
+        reads = {"get", "list", "watch"}
+        assert all(
+            set(r["verbs"]) <= reads for r in cluster_read["rules"] if r["resources"] != ["connectclusters/status"]
+        )
+        assert [r["verbs"] for r in cluster_read["rules"] if r["resources"] == ["connectclusters/status"]] == [
+            ["patch"]
+        ]
 
     # The peering CRD must exist for its objects to validate: create it for real, briefly.
     ext = client.ApiextensionsV1Api(kube)
@@ -216,7 +224,8 @@ def test_argocd_snippet_carries_the_health_check_for_each_kind() -> None:
     snippet = yaml.safe_load((CHART / "argocd" / "argocd-cm-values.yaml").read_text())["configs"]["cm"]
     script = HEALTH_LUA.read_text()
     assert snippet == {
-        f"resource.customizations.health.fibers.dev_{k}": script for k in ("Connect", "Transform", "DatabusConsumer")
+        f"resource.customizations.health.fibers.dev_{k}": script
+        for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer")
     }
 
 
@@ -281,6 +290,9 @@ HEALTH = {
     "connect-generation-behind": ("Progressing", "observe generation 4"),
     "connect-deleting": ("Progressing", "Being deleted"),
     "connect-no-status": ("Progressing", "report a status"),
+    "connect-invalid-config": ("Degraded", "spec.config.topic: Missing required configuration"),
+    "connectcluster-ready": ("Healthy", "Kafka Connect 4.1.1 answers"),
+    "connectcluster-unreachable": ("Progressing", "cannot reach Kafka Connect"),
     "transform-batch-succeeded": ("Healthy", "completed: 3 records"),
     "transform-batch-running": ("Progressing", "is running"),
     "transform-streaming-running": ("Healthy", "streaming run"),
@@ -330,21 +342,25 @@ def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
     plurals = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers"}
     for name in sorted(HEALTH):
         obj = fixture(name)
-        plural = plurals[obj["kind"]]
         if "status" not in obj:
             continue
         body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": {"name": name}, "spec": obj["spec"]}
-        custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, body)
+        if obj["kind"] == "ConnectCluster":  # cluster-scoped
+            path = f"/apis/fibers.dev/v1alpha1/connectclusters/{namespace}-{name}"
+            body["metadata"]["name"] = f"{namespace}-{name}"
+            custom.create_cluster_custom_object("fibers.dev", "v1alpha1", "connectclusters", body)
+            remove = partial(custom.delete_cluster_custom_object, "fibers.dev", "v1alpha1", "connectclusters")
+            created = f"{namespace}-{name}"
+        else:
+            plural = plurals[obj["kind"]]
+            path = f"/apis/fibers.dev/v1alpha1/namespaces/{namespace}/{plural}/{name}"
+            custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, body)
+            remove = partial(custom.delete_namespaced_custom_object, "fibers.dev", "v1alpha1", namespace, plural)
+            created = name
         try:
-            dry_run(
-                kube,
-                "PATCH",
-                f"/apis/fibers.dev/v1alpha1/namespaces/{namespace}/{plural}/{name}/status",
-                {"status": obj["status"]},
-                "application/merge-patch+json",
-            )
+            dry_run(kube, "PATCH", f"{path}/status", {"status": obj["status"]}, "application/merge-patch+json")
         finally:
-            custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
+            remove(created)
 
 
 # ----- helm install, then the operator with exactly the chart's permissions ------------------------
@@ -471,9 +487,27 @@ def test_operator_with_the_chart_rbac_makes_a_connect_ready(
 ) -> None:
     connects = Resources(kube, "connects", namespace)
     started = time.monotonic()
-    # No spec.cluster: the chart's connect.url (FIBERS_CONNECT_URL) is the default.
+    # No spec.cluster: the ConnectCluster the chart made from connect.url is the operator's default.
     connects.create(unique, {"class": "FileStreamSource", "config": {"file": str(source_file), "topic": unique}})
     connects.wait_condition(unique, "True", "Running", timeout=90)
+    [cluster] = by_kind(release["docs"], "ConnectCluster")
+    assert cluster["spec"]["url"] == stack_info.connect_url
+    assert connects.status(unique)["cluster"] == cluster["metadata"]["name"]
+    custom = client.CustomObjectsApi(kube)
+    probed = wait_for(
+        lambda: (
+            (
+                s := custom.get_cluster_custom_object(
+                    "fibers.dev", "v1alpha1", "connectclusters", cluster["metadata"]["name"]
+                ).get("status")
+                or {}
+            ).get("pluginCount")
+            and s
+        ),
+        timeout=60,
+        what="the chart's ConnectCluster probed by the chart's operator",
+    )
+    assert find(probed["conditions"], "Ready")["status"] == "True"
     ready = time.monotonic() - started
     print(f"\nhelm install {release['install_seconds']:.1f}s; Connect Ready {ready:.1f}s after creation")
 
@@ -615,7 +649,7 @@ def test_image_entry_point_works_from_a_clean_virtualenv(tmp_path: Path) -> None
     fibers = venv / "bin" / "fibers"
     assert "run" in run([fibers, "--help"]).stdout
     run_help = run([fibers, "run", "--help"]).stdout
-    for flag in ("--liveness", "--namespace", "--connect-url", "--metrics-port", "--peering"):  # the chart's args
+    for flag in ("--liveness", "--namespace", "--connect-cluster", "--metrics-port", "--peering"):  # the chart's args
         assert flag in run_help
     run([venv / "bin" / "python", "-c", "import fibers.controller"])
 

@@ -22,7 +22,7 @@ import fibers_stack as stack
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
 from fibers_stack import StackInfo, connect_clusters
-from tests.helpers import Resources, read_topic, wait_for
+from tests.helpers import Resources, debezium_spec, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.connect
@@ -444,31 +444,19 @@ def test_on_create_reset_starts_a_recreated_debezium_connector_afresh(
 ) -> None:
     """A connector of the same name ran before and its replication slot was dropped since: resuming from the
     offsets Connect kept fails (the position is gone); onCreate: reset starts from a new snapshot."""
-    dsn = psycopg.conninfo.conninfo_to_dict(stack_info.postgres_dsn)
     table, slot = f"{unique}_orders", unique
     with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
         pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, qty int)")
         pg.execute(f"INSERT INTO {table} VALUES (1, 1), (2, 2)")
 
     def spec(on_create: str) -> dict[str, Any]:
-        return {
-            "class": "io.debezium.connector.postgresql.PostgresConnector",
-            "offsets": {"onCreate": on_create},
-            "autoRestart": {"enabled": False},
-            "config": {
-                "plugin.name": "pgoutput",
-                "database.hostname": dsn["host"],
-                "database.port": int(dsn["port"]),
-                "database.user": "postgres",
-                "database.password": "unused",
-                "database.dbname": "postgres",
-                "topic.prefix": unique,
-                "table.include.list": f"public.{table}",
-                "slot.name": slot,
-                "publication.name": slot,
-                "publication.autocreate.mode": "filtered",
-            },
-        }
+        return debezium_spec(
+            stack_info.postgres_dsn,
+            table=table,
+            prefix=slot,
+            offsets={"onCreate": on_create},
+            autoRestart={"enabled": False},
+        )
 
     def recreate(on_create: str) -> None:
         connects.delete(unique)
@@ -482,7 +470,7 @@ def test_on_create_reset_starts_a_recreated_debezium_connector_afresh(
 
     connects.create(unique, spec("resume"))
     connects.wait_condition(unique, "True", "Running", timeout=120)
-    read_topic(stack_info.kafka_bootstrap, f"{unique}.public.{table}", 2)
+    read_topic(stack_info.kafka_bootstrap, f"{slot}.public.{table}", 2)
     with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
         pg.execute(f"INSERT INTO {table} VALUES (3, 3)")
     read_topic(stack_info.kafka_bootstrap, f"{unique}.public.{table}", 3)
@@ -652,3 +640,37 @@ def test_unknown_class_says_which_plugins_the_cluster_has(
     assert "org.apache.kafka.connect.file.FileStreamSourceConnector" in cond["message"]
     assert "io.debezium.connector.postgresql.PostgresConnector" in cond["message"]
     assert live_state(connect_http, unique) == "ABSENT"
+
+
+def test_connect_cluster_over_tls_trusts_the_ca_it_is_given(
+    connects: Resources, kube: ApiClient, source_file: Path, unique: str, stack_info: StackInfo
+) -> None:
+    """The same worker's https listener, whose certificate a CA of its own signed: refused until the
+    ConnectCluster names that CA (a Secret), then a Connect runs through it."""
+    cluster = f"tls-{unique}"
+    core = client.CoreV1Api(kube)
+    ca = Path(stack_info.connect_tls_ca).read_text()
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name=f"{unique}-ca"), string_data={"ca.crt": ca})
+    core.create_namespaced_secret(connects.namespace, secret)
+    try:
+        connect_clusters.apply(kube, cluster, stack_info.connect_tls_url)
+        status = _cluster_status(
+            kube,
+            cluster,
+            lambda s: (find(s.get("conditions"), "Ready") or {}).get("reason") == "Unreachable",
+            "refused",
+        )
+        assert "CERTIFICATE_VERIFY_FAILED" in find(status["conditions"], "Ready")["message"]
+
+        ref = {"namespace": connects.namespace, "name": f"{unique}-ca"}
+        connect_clusters.apply(kube, cluster, stack_info.connect_tls_url, tls={"caSecretRef": ref})
+        status = _cluster_status(
+            kube, cluster, lambda s: (find(s.get("conditions"), "Ready") or {}).get("status") == "True", "trusted"
+        )
+        assert status["pluginCount"] > 0 and status["url"] == stack_info.connect_tls_url
+        connects.create(unique, {**source_spec(source_file, unique), "cluster": cluster})
+        connects.wait_condition(unique, "True", "Running")
+        connects.delete(unique)
+        wait_for(lambda: not connects.exists(unique), timeout=60, what="connector deleted over TLS")
+    finally:
+        connect_clusters.delete(kube, cluster)

@@ -30,7 +30,7 @@ from pymongo import MongoClient
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
 from fibers_stack import StackInfo, node
-from tests.helpers import Resources, produce, wait_for
+from tests.helpers import Resources, debezium_spec, produce, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.databus
@@ -77,7 +77,6 @@ def mutate(pg: PG, table: str, rounds: int, rng: random.Random, start_id: int = 
 def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: StackInfo) -> Iterator[dict[str, Any]]:
     """A PostgreSQL table and a Debezium Connect resource streaming it into Kafka with transaction metadata."""
     table = f"orders_{namespace.replace('-', '_')}"
-    dsn = psycopg.conninfo.conninfo_to_dict(stack_info.postgres_dsn)
     with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
         pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, item text, qty int)")
         for i in range(5):
@@ -87,23 +86,9 @@ def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: 
     connector = f"orders-cdc-{namespace}"  # connector names are per Connect cluster, not per namespace
     connects.create(
         connector,
-        {
-            "class": "io.debezium.connector.postgresql.PostgresConnector",
-            "config": {
-                "plugin.name": "pgoutput",
-                "database.hostname": dsn["host"],
-                "database.port": int(dsn["port"]),
-                "database.user": "postgres",
-                "database.password": "unused",
-                "database.dbname": "postgres",
-                "topic.prefix": prefix,
-                "table.include.list": f"public.{table}",
-                "slot.name": prefix,
-                "publication.name": prefix,
-                "publication.autocreate.mode": "filtered",
-                "provide.transaction.metadata": "true",
-            },
-        },
+        debezium_spec(
+            stack_info.postgres_dsn, table=table, prefix=prefix, config={"provide.transaction.metadata": "true"}
+        ),
     )
     connects.wait_condition(connector, "True", "Running", timeout=120)
     topic = f"{prefix}.public.{table}"

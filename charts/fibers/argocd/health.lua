@@ -1,5 +1,5 @@
--- Argo CD health for fibers.dev resources: Connect, Transform and DatabusConsumer.
--- All three report kstatus conditions (Ready, Reconciling, Stalled) and observedGeneration,
+-- Argo CD health for fibers.dev resources: Connect, ConnectCluster, Transform and DatabusConsumer.
+-- All four report kstatus conditions (Ready, Reconciling, Stalled) and observedGeneration,
 -- so one script serves them. Argo CD runs it in Lua 5.1 (gopher-lua) with the object in `obj`.
 
 -- Ready=True with one of these reasons means "stopped on purpose".
@@ -8,7 +8,8 @@ local SUSPENDED = { Suspended = true, Paused = true, Stopped = true }
 -- Ready=False with one of these reasons will not clear by waiting: the spec, a Secret or the
 -- connector needs attention. (Stalled=True is Degraded whatever the reason.)
 local FAILED = {
-  InvalidSpec = true, SecretNotFound = true,
+  InvalidSpec = true, SecretNotFound = true, InvalidConfig = true,
+  ClusterNotAllowed = true, AmbiguousDefaultCluster = true,
   ConnectRejected = true, ConnectorNotOwned = true, ConnectorFailed = true, TasksFailed = true,
   AutoRestartExhausted = true,
   RunFailed = true, SubmissionDeadlineExceeded = true, StreamEnded = true,
