@@ -5,6 +5,10 @@ connector of a cluster with ONE `GET /connectors?expand=status&expand=info`, dec
 what to change (see `reconcile.decide`), makes only those calls, and writes a status only when
 it changed. While anything is converging it polls at the fast interval; at rest it makes one call
 per cluster per interval, whatever the number of connectors.
+
+A resource is first placed on a ConnectCluster (`clusters.place`; the clients live in `registry`).
+Before a create or a config change, Kafka Connect validates the config (`validation`); offsets are
+listed, reset and altered on request (`offsets`). The order of the steps is `reconcile.decide`'s.
 """
 
 from __future__ import annotations

@@ -255,4 +255,6 @@ def _conditions(
         return cond(
             False, True, False, "Starting", f"{status['readyInstances']}/{instances} instances ready"
         ), "Pending"
+    if "consumptionMode" not in status:  # nothing consumed yet (a quiet source), or not checkpointed yet
+        return cond(True, False, False, "Consuming", f"{instances} instance(s) running; no checkpoint yet"), "Running"
     return cond(True, False, False, "Consuming", f"{instances} instance(s) consuming online"), "Running"
