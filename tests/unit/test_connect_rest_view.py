@@ -145,3 +145,19 @@ def test_a_listing_without_configs_never_asks_for_a_config_update() -> None:
 def test_status_type_wins_over_info_type() -> None:
     entry = {"info": {"type": "unknown"}, "status": {"type": "source", "connector": {"state": "RUNNING"}}}
     assert ConnectorView.from_listing("c", entry).type == "source"
+
+
+def test_only_kafka_connects_own_errors_are_connect_errors() -> None:
+    """A worker starting or stopping serves a bare 404 page for every path: that is no "not found"."""
+    from fibers.connect.rest import ConnectError, ConnectUnreachable, Reply, error_from
+
+    own = error_from("http://c:8083", Reply(404, b'{"error_code":404,"message":"Connector x not found"}'))
+    assert isinstance(own, ConnectError) and (own.status_code, own.message) == (404, "Connector x not found")
+    jetty = (
+        b"<html><head><title>Error 404 Not Found</title></head><body><h2>HTTP ERROR 404 Not Found</h2></body></html>"
+    )
+    starting = error_from("http://c:8083", Reply(404, jetty))
+    assert isinstance(starting, ConnectUnreachable) and "HTTP 404" in str(starting)
+    assert isinstance(error_from("http://c:8083", Reply(502, b"Bad Gateway")), ConnectUnreachable)
+    rebalance = error_from("http://c:8083", Reply(409, b'{"error_code":409,"message":"rebalance"}'))
+    assert isinstance(rebalance, ConnectError) and rebalance.rebalancing

@@ -89,6 +89,27 @@ class Reply:
         return orjson.loads(self.body) if self.body else None
 
 
+def error_from(url: str, reply: Reply) -> ConnectError | ConnectUnreachable:
+    """Kafka Connect's own error (JSON with an `error_code`), or, for any other error page, unreachable.
+
+    While a worker starts or stops, its web server answers before (or after) its REST resources are
+    there: a bare 404 page for every path. Taken for Connect's "connector not found", it made a
+    deletion look done while the connector still ran. A proxy's error page is no answer from Connect either.
+    """
+    try:
+        body = reply.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "error_code" in body:
+        return ConnectError(reply.status_code, str(body.get("message") or reply.body.decode(errors="replace")))
+    return ConnectUnreachable(
+        redact(
+            f"Kafka Connect at {url} is not answering its REST API yet (HTTP {reply.status_code}, not its own error)",
+            [],
+        )
+    )
+
+
 class ConnectClient:
     """One Connect cluster's REST API over aiohttp (cheaper per call than httpx: at 500 connectors the
     operator makes thousands of calls in a burst, on the same cores as Connect)."""
@@ -141,12 +162,7 @@ class ConnectClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ConnectUnreachable(redact(f"cannot reach Kafka Connect at {self.url}: {exc!r}", [])) from None
         if reply.status_code >= 400:
-            text = reply.body.decode(errors="replace")
-            try:
-                message = (reply.json() or {}).get("message") or text
-            except (ValueError, AttributeError):
-                message = text
-            raise ConnectError(reply.status_code, message)
+            raise error_from(self.url, reply)
         return reply
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
