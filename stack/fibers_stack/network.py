@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def teardown() -> None:
     for table in ("filter", "nat", "mangle"):
         rules = _iptables("-t", table, "-S", check=False).stdout.splitlines()
         for rule in rules:
-            parts = rule.split()
+            parts = shlex.split(rule)  # the CNI plugin's rules carry quoted comments: "name: \"fibers\" id: …"
             if parts[:1] == ["-A"] and "-j" in parts and _owned(parts[parts.index("-j") + 1]) and not _owned(parts[1]):
                 _iptables("-t", table, "-D", *parts[1:], check=False)
         owned = [c for c in _chains(table) if _owned(c)]
