@@ -15,7 +15,7 @@ import httpx
 from fibers_stack import fetch
 from fibers_stack.launcher import Launcher
 from fibers_stack.network import NODE_IP
-from fibers_stack.process import StackError, free_port, openssl, port_open
+from fibers_stack.process import StackError, free_port, new_ca, openssl, port_open, signed_cert
 
 KEYSTORE_PASSWORD = "fibers-stack"  # of a throwaway keystore for the REST API's https listener
 
@@ -69,41 +69,8 @@ def _rest_tls(home: Path) -> tuple[Path, Path]:
     """A CA of its own and a certificate for the node IP, as a PKCS12 keystore for Connect's https listener."""
     tls = home / "tls"
     tls.mkdir(exist_ok=True)
-    ca_key, ca, key, csr, cert = (tls / n for n in ("ca.key", "ca.crt", "tls.key", "tls.csr", "tls.crt"))
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "30",
-        "-subj",
-        "/CN=fibers-connect-ca",
-        "-keyout",
-        str(ca_key),
-        "-out",
-        str(ca),
-    )
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kafka-connect", "-keyout", str(key), "-out", str(csr))
-    (tls / "san.ext").write_text(f"subjectAltName=IP:{NODE_IP}\n")
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-days",
-        "30",
-        "-extfile",
-        str(tls / "san.ext"),
-        "-out",
-        str(cert),
-    )
+    ca_key, ca = new_ca(tls, "/CN=fibers-connect-ca")
+    key, cert = signed_cert(tls, "tls", "/CN=kafka-connect", (ca_key, ca), san=f"IP:{NODE_IP}")
     keystore = tls / "connect.p12"
     openssl(
         "pkcs12",

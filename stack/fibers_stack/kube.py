@@ -15,7 +15,7 @@ import httpx
 from fibers_stack import fetch
 from fibers_stack.launcher import Launcher
 from fibers_stack.network import NODE_IP, NODE_NAME, SERVICE_CIDR
-from fibers_stack.process import free_port, openssl
+from fibers_stack.process import free_port, new_ca, openssl, signed_cert
 
 ADMIN_TOKEN = "fibers-stack-admin"  # a throwaway cluster closed to this machine: static tokens are enough
 NODE_TOKEN = "fibers-stack-node"
@@ -29,48 +29,8 @@ def _make_pki(pki: Path) -> None:
     """A CA for the kubelet to trust, the API server's client certificate for it, and the SA keys."""
     openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "30",
-        "-subj",
-        "/CN=fibers-stack-ca",
-        "-keyout",
-        str(pki / "ca.key"),
-        "-out",
-        str(pki / "ca.crt"),
-    )
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/O=system:masters/CN=kube-apiserver-kubelet-client",
-        "-keyout",
-        str(pki / "kubelet-client.key"),
-        "-out",
-        str(pki / "kubelet-client.csr"),
-    )
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(pki / "kubelet-client.csr"),
-        "-CA",
-        str(pki / "ca.crt"),
-        "-CAkey",
-        str(pki / "ca.key"),
-        "-CAcreateserial",
-        "-days",
-        "30",
-        "-out",
-        str(pki / "kubelet-client.crt"),
-    )
+    ca = new_ca(pki, "/CN=fibers-stack-ca")
+    signed_cert(pki, "kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", ca)
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, token: str = ADMIN_TOKEN) -> None:

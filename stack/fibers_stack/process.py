@@ -38,6 +38,54 @@ def openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
+def new_ca(directory: Path, subject: str) -> tuple[Path, Path]:
+    """A throwaway certificate authority (30 days): its key and certificate, `ca.key` and `ca.crt`."""
+    key, cert = directory / "ca.key", directory / "ca.crt"
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        subject,
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+    )
+    return key, cert
+
+
+def signed_cert(directory: Path, name: str, subject: str, ca: tuple[Path, Path], san: str = "") -> tuple[Path, Path]:
+    """A key and a certificate `<name>.key`/`<name>.crt` signed by `ca` (key, cert), with a subjectAltName if given."""
+    key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key), "-out", str(csr))
+    extra: list[str] = []
+    if san:
+        (directory / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        extra = ["-extfile", str(directory / f"{name}.ext")]
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca[1]),
+        "-CAkey",
+        str(ca[0]),
+        "-CAcreateserial",
+        "-days",
+        "30",
+        *extra,
+        "-out",
+        str(cert),
+    )
+    return key, cert
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

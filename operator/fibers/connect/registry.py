@@ -126,10 +126,6 @@ class ConnectClusters:
         known = self.known.get(name)
         return list(known.status.get("plugins") or []) if known else []
 
-    def url(self, name: str) -> str:
-        known = self.known.get(name)
-        return redact(known.spec.url, ()) if known else ""
-
     async def _connect(self, known: Known) -> None:
         """Build the cluster's client from its Secrets; a Secret that cannot be read is a problem, read again."""
         spec = known.spec
