@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from fibers_stack import connect_clusters
+from fibers_stack import platform_resources
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -236,7 +236,7 @@ def operator_run(
     core = client.CoreV1Api(api)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    connect_clusters.apply(api, namespace, proxy_url)  # the Connect cluster, through the counting proxy
+    platform_resources.apply(api, namespace, proxy_url)  # the Connect cluster, through the counting proxy
     env = {
         **os.environ,
         **info.env(),
@@ -303,7 +303,7 @@ def operator_run(
         op.wait(30)
         log.close()
         core.delete_namespace(namespace)
-        connect_clusters.delete(api, namespace)
+        platform_resources.delete(api, namespace)
         delete_topics(info.kafka_bootstrap, f"{namespace}-")
 
 

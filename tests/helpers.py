@@ -62,7 +62,12 @@ class Resources:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.plural, self.namespace = plural, namespace
-        self.kind = {"connects": "Connect", "transforms": "Transform", "databusconsumers": "DatabusConsumer"}[plural]
+        self.kind = {
+            "connects": "Connect",
+            "transforms": "Transform",
+            "databusconsumers": "DatabusConsumer",
+            "schemas": "Schema",
+        }[plural]
 
     def create(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
         body = {

@@ -20,7 +20,7 @@ CRDS = REPO / "crds"
 CHART = REPO / "charts" / "fibers"
 HEALTH_LUA = CHART / "argocd" / "health.lua"
 ARGOCD_VALUES = CHART / "argocd" / "argocd-cm-values.yaml"
-KINDS = ("Connect", "ConnectCluster", "Transform", "DatabusConsumer")
+KINDS = ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
 
 _HEADER = """\
 # Argo CD health checks for Fibers resources. Generated from health.lua by tools/sync_chart_crds.py;

@@ -8,6 +8,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # The kinds know nothing of each other (an import-linter contract says so); a Transform reads the
 # Connect it names through the API, by this plural.
 CONNECT_PLURAL = "connects"
+SCHEMA_PLURAL = "schemas"  # a Transform's Avro input may name a Schema (schemaRef)
 
 FINALIZER = "fibers.dev/finalizer"  # kopf's, on Transforms and DatabusConsumers
 # Connect manages its own: the finalizer and the claim on the connector name arrive in one patch,

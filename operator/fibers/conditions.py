@@ -69,3 +69,30 @@ def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] 
 def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
     cond = find(conditions, type_)
     return bool(cond and cond.get("status") == "True")
+
+
+def ready(reason: str, message: str) -> list[Condition]:
+    """Ready, in kstatus terms: not reconciling, not stalled."""
+    return [
+        Condition(READY, True, reason, message),
+        Condition(RECONCILING, False, reason),
+        Condition(STALLED, False, reason),
+    ]
+
+
+def waiting(reason: str, message: str) -> list[Condition]:
+    """Not ready, and the operator keeps trying without a change to the resource (Reconciling)."""
+    return [
+        Condition(READY, False, reason, message),
+        Condition(RECONCILING, True, reason, message),
+        Condition(STALLED, False, reason),
+    ]
+
+
+def stalled(reason: str, message: str) -> list[Condition]:
+    """Not ready until someone changes the resource or what it points at (Stalled)."""
+    return [
+        Condition(READY, False, reason, message),
+        Condition(RECONCILING, False, reason),
+        Condition(STALLED, True, reason, message),
+    ]

@@ -20,6 +20,9 @@ from fibers.connect.sync import ConnectSync, SyncSettings
 from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
 from fibers.databus.reconciler import DatabusReconciler
 from fibers.kube import Kube, load_client
+from fibers.schemas import handlers as _schema_handlers  # noqa: F401  (registers handlers)
+from fibers.schemas.operator import SchemaOperator
+from fibers.schemas.reconcile import SchemaSettings
 from fibers.transform import handlers as _transform_handlers  # noqa: F401  (registers handlers)
 from fibers.transform.reconciler import TransformReconciler
 from fibers.transform.spec import Defaults
@@ -39,6 +42,10 @@ def cluster_settings_from_env() -> ClusterSettings:
     return ClusterSettings(refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", "300")))
 
 
+def schema_settings_from_env() -> SchemaSettings:
+    return SchemaSettings(resync=float(os.environ.get("FIBERS_SCHEMA_RESYNC", str(SchemaSettings.resync))))
+
+
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
@@ -53,6 +60,7 @@ def transform_defaults_from_env() -> Defaults:
         service_account=os.environ.get("FIBERS_JOB_SERVICE_ACCOUNT") or None,
         # Set and empty: no CPU request of Fibers' own (Spark then requests `cores` whole CPUs).
         core_request=os.environ.get("FIBERS_SPARK_CORE_REQUEST", Defaults.core_request) or None,
+        schema_registry=os.environ.get("FIBERS_SCHEMA_REGISTRY_DEFAULT") or None,
     )
 
 
@@ -80,6 +88,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.connect = ConnectSync(kube, settings_from_env(), memo.connect_clusters)
     memo.connect_task = asyncio.create_task(memo.connect.run(), name="connect-sync")
     memo.connect_clusters_task = asyncio.create_task(memo.connect_clusters.run(), name="connect-clusters")
+    memo.schemas = SchemaOperator(
+        kube, schema_settings_from_env(), default_registry=os.environ.get("FIBERS_SCHEMA_REGISTRY_DEFAULT") or None
+    )
+    memo.schemas_task = asyncio.create_task(memo.schemas.run(), name="schema-registries")
     defaults = transform_defaults_from_env()
     memo.transform = TransformReconciler(kube, defaults)
     memo.databus = DatabusReconciler(
@@ -88,6 +100,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         image=defaults.image,
         service_account=defaults.service_account,
         image_pull_policy=defaults.image_pull_policy,
+        schema_registry=defaults.schema_registry,
     )
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
 
@@ -96,6 +109,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.connect_task.cancel()
     memo.connect_clusters_task.cancel()
-    await asyncio.gather(memo.connect_task, memo.connect_clusters_task, return_exceptions=True)
+    memo.schemas_task.cancel()
+    await asyncio.gather(memo.connect_task, memo.connect_clusters_task, memo.schemas_task, return_exceptions=True)
     await memo.connect.aclose()
     await memo.connect_clusters.aclose()
+    await memo.schemas.aclose()

@@ -125,6 +125,11 @@ class Kube:
             raise
         return cast(dict[str, Any], body)
 
+    async def list_cluster_objects(self, plural: str) -> list[dict[str, Any]]:
+        """Every cluster-scoped fibers.dev object of a kind (SchemaRegistries, ConnectClusters)."""
+        found = await asyncio.to_thread(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
+        return list(cast(dict[str, Any], found).get("items") or [])
+
     async def replace_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any] | None = None
     ) -> None:

@@ -1,4 +1,4 @@
-"""The local stack: a real one-node Kubernetes cluster, Kafka + Connect, PostgreSQL and FerretDB.
+"""The local stack: a real one-node Kubernetes cluster, Kafka + Connect, PostgreSQL, FerretDB and Apicurio Registry.
 
 Test and demo infrastructure only (never shipped with the operator). `up()` starts what is missing and
 records endpoints and pids in <run dir>/stack.json; `down()` stops every process it started and removes
@@ -25,7 +25,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fibers_stack import coredns, ferretdb, fetch, images, kafka, kube, network, node, postgres, process, spark_operator
+from fibers_stack import (
+    apicurio,
+    coredns,
+    ferretdb,
+    fetch,
+    images,
+    kafka,
+    kube,
+    network,
+    node,
+    postgres,
+    process,
+    spark_operator,
+)
 from fibers_stack.launcher import Launcher
 from fibers_stack.layout import run_dir
 
@@ -36,6 +49,7 @@ STOP_SIGNALS = {"postgres": signal.SIGINT}  # SIGINT is PostgreSQL's fast shutdo
 # while the kubelet still runs; the API server last but etcd.
 STOP_ORDER = (
     "kafka-connect",
+    "apicurio",
     "kafka",
     "ferretdb",
     "postgres",
@@ -60,6 +74,7 @@ class StackInfo:
     connect_tls_ca: str = ""  # that CA (PEM file)
     postgres_dsn: str = ""
     mongodb_uri: str = ""
+    registry_url: str = ""  # Apicurio Registry's base URL; its Confluent-compatible API is under /apis/ccompat/v7
     spark_kafka_jars: str = ""
     kube_pki: str = ""
     node_ip: str = network.NODE_IP
@@ -73,7 +88,7 @@ class StackInfo:
 
     def env(self) -> dict[str, str]:
         """Environment variables that point clients (kubectl, jobs, the operator) at this stack."""
-        return {
+        env = {
             "KUBECONFIG": self.kubeconfig,
             "FIBERS_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "FIBERS_POSTGRES_DSN": self.postgres_dsn,
@@ -82,6 +97,9 @@ class StackInfo:
             "FIBERS_JOB_IMAGE": self.images.get("job", ""),
             "FIBERS_JOB_IMAGE_PULL_POLICY": "Never",
         }
+        if self.registry_url:
+            env["FIBERS_SCHEMA_REGISTRY_URL"] = self.registry_url + apicurio.CCOMPAT
+        return env
 
     def dead(self) -> list[str]:
         return [name for name, pid in self.pids.items() if not process.alive(pid)]
@@ -128,6 +146,7 @@ def up() -> StackInfo:
         "kafka": lambda: kafka.start(launcher),
         "postgres": lambda: postgres.start(launcher),
         "ferretdb": lambda: ferretdb.start(launcher),
+        "apicurio": lambda: apicurio.start(launcher),
     }
     try:
         with ThreadPoolExecutor(len(components)) as pool:
@@ -292,6 +311,8 @@ def _orphans(root: Path) -> StackInfo | None:
             name = "kafka-connect"
         elif "kafka.Kafka" in argv:
             name = "kafka"
+        elif any(Path(arg).name.startswith("apicurio-registry-app-") and arg.endswith("-runner.jar") for arg in argv):
+            name = "apicurio"
         else:
             name = Path(argv[0]).name
             if name == "postgres" and "-D" not in argv:

@@ -1,8 +1,9 @@
 """`make demo`: the sample pipeline of examples/ on the local stack, with a live view of it converging.
 
-PostgreSQL `orders` → Connect (Debezium) → Kafka → Transforms (a streaming aggregation, a batch
-report streamed back) and DatabusConsumers (the bootstrap store, and a MongoDB view of the table
-that bootstraps from it). The operator is installed as a user installs it, `helm install
+PostgreSQL `orders` → Connects (Debezium, as JSON and as Avro through the schema registry) → Kafka →
+Transforms (a streaming aggregation; a batch report that reads the Avro topic and writes Avro under a
+Schema, streamed back as JSON) and DatabusConsumers (the bootstrap store, and a MongoDB view of the
+table that bootstraps from it). The operator is installed as a user installs it, `helm install
 charts/fibers`, and runs as a pod with the chart's RBAC; Spark drivers and executors and the consumers
 run as pods on the node. It writes orders, shows every resource and pod converging, and checks the
 MongoDB view against the table.
@@ -28,15 +29,23 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 import fibers_stack as stack
+from fibers.wire import AvroDecoder, Registry
 from fibers_stack import StackInfo, fetch, spark_operator
+from fibers_stack.apicurio import CCOMPAT
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 NAMESPACE = "shop"
 RELEASE, RELEASE_NAMESPACE = "fibers", "fibers-system"
-CONNECTOR = "orders-cdc"  # examples/01-connect-orders-cdc.yaml
+CONNECTORS = {"orders-cdc": "shop_orders", "orders-avro": "shop_orders_avro"}  # examples 01 and 06: their slots
 DATA_DIR = Path("/tmp/fibers-demo")  # on the node: the Transforms' hostPath volume (checkpoints, reports)
-PLURALS = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers"}
+PLURALS = {
+    "Connect": "connects",
+    "Transform": "transforms",
+    "DatabusConsumer": "databusconsumers",
+    "Schema": "schemas",
+}
+REPORT_TOPIC = "shop.orders-report-avro"  # examples/05-transform-orders-report.yaml, Avro under the Schema of 07
 
 
 class Screen:
@@ -104,16 +113,23 @@ def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None
             "the old namespace to go",
         )
     # A connector whose resource lost its operator (a demo stopped half-way) would hold the slot.
-    httpx.delete(f"{info.connect_url}/connectors/{CONNECTOR}", timeout=30)
+    for connector in CONNECTORS:
+        httpx.delete(f"{info.connect_url}/connectors/{connector}", timeout=30)
     _delete_topics(info)
+    _delete_subjects(info)
     with psycopg.connect(info.postgres_dsn, autocommit=True) as pg:
-        slot_query = "SELECT active FROM pg_replication_slots WHERE slot_name = 'shop_orders'"
-        # A deleted connector's task lets go of the slot a moment after the DELETE returns.
-        _wait(lambda: not any(active for (active,) in pg.execute(slot_query)), 60, "the replication slot to be free")
-        if pg.execute(slot_query).fetchall():
-            pg.execute("SELECT pg_drop_replication_slot('shop_orders')")
+        for slot in CONNECTORS.values():
+            slot_query = f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'"
+
+            def slot_free(query: str = slot_query) -> bool:
+                return not any(active for (active,) in pg.execute(query))
+
+            # A deleted connector's task lets go of the slot a moment after the DELETE returns.
+            _wait(slot_free, 60, f"the slot {slot} to be free")
+            if pg.execute(slot_query).fetchall():
+                pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            pg.execute(f"DROP PUBLICATION IF EXISTS {slot}")
         pg.execute("DROP TABLE IF EXISTS orders")
-        pg.execute("DROP PUBLICATION IF EXISTS shop_orders")
         pg.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int, price double precision)")
         pg.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
         for i in range(20):
@@ -139,6 +155,15 @@ def _delete_topics(info: StackInfo) -> None:
     for future in admin.delete_topics(topics, operation_timeout=30).values():
         future.result()
     _wait(lambda: not set(topics) & set(admin.list_topics(timeout=30).topics), 60, "the old topics to go")
+
+
+def _delete_subjects(info: StackInfo) -> None:
+    """The previous demo's schema registry subjects (`shop.…`), deleted for good: the new run registers afresh."""
+    with httpx.Client(base_url=info.registry_url + CCOMPAT, timeout=30) as registry:
+        for subject in registry.get("/subjects", params={"deleted": "true"}).json():
+            if subject.startswith(f"{NAMESPACE}."):
+                registry.delete(f"/subjects/{subject}")  # soft first: the registry refuses a permanent one before
+                registry.delete(f"/subjects/{subject}", params={"permanent": "true"})
 
 
 def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:
@@ -197,6 +222,11 @@ def _install(api: client.ApiClient, info: StackInfo) -> None:
         NAMESPACE,
         client.V1Secret(metadata=client.V1ObjectMeta(name="shop-mongo"), string_data={"uri": info.mongodb_uri}),
     )
+    # Where Apicurio's converter in Kafka Connect reaches the registry (examples/06).
+    core.create_namespaced_secret(
+        NAMESPACE,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="shop-registry"), string_data={"url": info.registry_url}),
+    )
 
 
 def _install_operator(info: StackInfo) -> None:
@@ -209,6 +239,7 @@ def _install_operator(info: StackInfo) -> None:
         },
         "watch": {"namespaces": [NAMESPACE]},
         "connect": {"url": info.connect_url},
+        "schemaRegistry": {"url": info.registry_url + CCOMPAT},
         "kafka": {"bootstrap": info.kafka_bootstrap},
         "jobs": {
             "image": {
@@ -279,6 +310,8 @@ def _summary_line(kind: str, item: dict[str, Any]) -> list[str]:
     ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
     if kind == "Connect":
         detail = f"{status.get('connectorState', '-')} tasks {status.get('tasksReady', '-')}"
+    elif kind == "Schema":
+        detail = f"{status.get('subject', '-')} v{status.get('version', '-')} id {status.get('id', '-')}"
     elif kind == "Transform":
         run = status.get("currentRun") or {}
         detail = f"{run.get('applicationState', '-')}"
@@ -352,12 +385,42 @@ def _converged(resources: dict[str, dict[str, Any]]) -> bool:
     )
     return (
         ready("Connect/orders-cdc")
+        and ready("Connect/orders-avro")
+        and ready("Schema/orders-report", "Registered")
         and ready("Transform/orders-by-item", "Running")
         and lag_done
         and ready("DatabusConsumer/orders-store")
         and ready("DatabusConsumer/orders-view")
         and ready("Transform/orders-report", "Succeeded")
     )
+
+
+def _read_report(info: StackInfo) -> list[dict[str, Any]]:
+    """The report's rows from its Avro topic, each decoded with the schema its id names in the registry."""
+    from confluent_kafka import Consumer
+
+    registry = Registry(info.registry_url + CCOMPAT)
+    decode = AvroDecoder(registry)
+    consumer = Consumer(
+        {"bootstrap.servers": info.kafka_bootstrap, "group.id": f"demo-{time.time()}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([REPORT_TOPIC])
+    rows: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is None:
+                if rows:
+                    break
+                continue
+            value = message.value()
+            if message.error() is None and value is not None:
+                rows.append(decode(value))
+    finally:
+        consumer.close()
+        registry.close()
+    return sorted(rows, key=lambda r: str(r.get("op")))
 
 
 def run(tty: bool | None = None, rounds: int = 60) -> int:
@@ -372,24 +435,20 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     _install(api, info)
     screen.step(f"helm install {RELEASE} charts/fibers -n {RELEASE_NAMESPACE}  (the operator, as a pod)")
     _install_operator(info)
-    for path in sorted(EXAMPLES.glob("0[1-4]-*.yaml")):
+    report = EXAMPLES / "05-transform-orders-report.yaml"  # applied once there are orders to report on
+    for path in sorted(p for p in EXAMPLES.glob("0*.yaml") if p != report):
         screen.step(f"kubectl apply -f examples/{path.name}  →  {_apply(api, path)}")
 
     def refresh() -> None:
         screen.table(_render(_resources(api)) + "\n\n" + _pods(api))
 
-    _wait(
-        lambda: bool((_resources(api).get("Connect/orders-cdc", {}).get("status") or {}).get("topics")),
-        240,
-        "Debezium to publish the orders topic",
-        refresh,
-    )
+    def published(connect: str) -> bool:
+        return bool((_resources(api).get(f"Connect/{connect}", {}).get("status") or {}).get("topics"))
+
+    _wait(lambda: all(map(published, CONNECTORS)), 240, "Debezium to publish the orders topics", refresh)
     screen.step(f"writing {rounds} transactions of orders (inserts, updates, deletes) to PostgreSQL")
     _write_orders(info, rounds)
-    screen.step(
-        f"kubectl apply -f examples/05-transform-orders-report.yaml  →  "
-        f"{_apply(api, EXAMPLES / '05-transform-orders-report.yaml')}"
-    )
+    screen.step(f"kubectl apply -f examples/{report.name}  →  {_apply(api, report)}")
     screen.step("waiting for every resource to converge")
     _wait(lambda: _converged(_resources(api)), 600, "the pipeline to converge", refresh)
     refresh()
@@ -399,22 +458,19 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
     view = {d["_id"]: [d["item"], d["qty"], d["price"]] for d in mongo["shop"]["orders"].find()}
     same = table == view
-    report = [
-        json.loads(line)
-        for f in (DATA_DIR / "reports" / "orders-report").glob("part-*")
-        for line in f.read_text().splitlines()
-    ]
+    rows = _read_report(info)
     screen.step(
         f"MongoDB view shop.orders vs PostgreSQL table orders: {len(view)} vs {len(table)} rows — "
         + ("identical ✓" if same else "DIFFERENT ✗")
     )
-    screen.step(f"batch report (also streamed back to shop.orders-report): {report}")
+    screen.step(f"batch report, Avro in {REPORT_TOPIC} via the schema registry (JSON in shop.orders-report): {rows}")
     print(
         f"""
 Done in {time.monotonic() - started:.0f}s. The stack keeps running; explore it:
 
   export KUBECONFIG={info.kubeconfig}
-  kubectl get fibers -n shop                      # all three kinds
+  kubectl get fibers -n shop                      # every kind: Connects, Transforms, DatabusConsumers, Schemas
+  kubectl get schemas -n shop -o wide              # subject, version, id, compatibility in the registry
   kubectl describe databusconsumer orders-view -n shop
   kubectl get connect orders-cdc -n shop -o yaml   # status: connector, tasks, topics
   kubectl get sparkapplications -n shop

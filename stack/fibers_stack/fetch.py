@@ -11,6 +11,8 @@ import logging
 import os
 import shutil
 import subprocess
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +144,34 @@ def connect_plugins() -> Path:
     )
 
 
+def connect_converters() -> Path:
+    """Apicurio's Avro converter in a plugin directory of its own, next to Debezium's on Connect's plugin path."""
+    return _build_into(
+        artifacts().connect_converters, lambda out: _mvn_copy("apicurio-converter", out / "apicurio-converter")
+    )
+
+
+def apicurio() -> Path:
+    """Apicurio Registry's distribution, unpacked: the runner jar (see `apicurio_runner`) and its lib/."""
+
+    def build(out: Path) -> None:
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            _mvn_copy("apicurio", Path(tmp))
+            [archive] = Path(tmp).glob("*.tar.gz")
+            with tarfile.open(archive) as tar:
+                tar.extractall(out, filter="data")
+            archive.unlink()
+        if not apicurio_runner(out).is_file():
+            raise RuntimeError(f"{out}: no {apicurio_runner(out).name} in the Apicurio distribution")
+
+    return _build_into(artifacts().apicurio, build)
+
+
+def apicurio_runner(home: Path) -> Path:
+    """The Quarkus runner jar at the top of the unpacked distribution (its lib/ sits next to it)."""
+    return home / f"apicurio-registry-app-{versions().apicurio}-runner.jar"
+
+
 def spark_kafka_jars() -> Path:
     return _build_into(artifacts().spark_kafka_jars, lambda out: _mvn_copy("spark-kafka", out))
 
@@ -207,6 +237,8 @@ COMPONENTS: dict[str, Callable[[], Path]] = {
     "coredns": coredns,
     "spark-operator": spark_operator,
     "pause": pause,
+    "apicurio": apicurio,
+    "connect-converters": connect_converters,
     "images": container_images,  # last: it needs pause, coredns and spark-operator
 }
 

@@ -1,6 +1,7 @@
 """Kafka for the stack: one KRaft broker and a Kafka Connect worker in distributed mode.
 
-Connect finds the FileStream connectors on its class path and Debezium in its plugin path.
+Connect finds the FileStream connectors on its class path, and Debezium and Apicurio's Avro converter
+in its plugin path (each in a plugin directory of its own).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ REQUIRED_PLUGINS = (
     "org.apache.kafka.connect.file.FileStreamSinkConnector",
     "io.debezium.connector.postgresql.PostgresConnector",
 )
+# Not connectors: GET /connector-plugins lists them only with ?connectorsOnly=false (KIP-769).
+REQUIRED_CONVERTERS = ("io.apicurio.registry.utils.converter.AvroConverter",)
 
 LOG4J2 = """status = warn
 appender.c.type = Console
@@ -61,8 +64,9 @@ def _java(lib: Path, home: Path, heap: str, main: str, *args: str) -> list[str]:
 def _connect_ready(url: str) -> bool:
     if httpx.get(f"{url}/connectors", timeout=2).status_code != 200:
         return False
-    plugins = {p["class"] for p in httpx.get(f"{url}/connector-plugins", timeout=5).json()}
-    return all(p in plugins for p in REQUIRED_PLUGINS)
+    listed = httpx.get(f"{url}/connector-plugins", params={"connectorsOnly": "false"}, timeout=5).json()
+    plugins = {p["class"] for p in listed}
+    return all(p in plugins for p in (*REQUIRED_PLUGINS, *REQUIRED_CONVERTERS))
 
 
 def _rest_tls(home: Path) -> tuple[Path, Path]:
@@ -92,7 +96,7 @@ def _tls_ready(url: str, ca: Path) -> bool:
 
 
 def start(launcher: Launcher) -> dict[str, str]:
-    lib, plugins = fetch.kafka(), fetch.connect_plugins()
+    lib, plugins, converters = fetch.kafka(), fetch.connect_plugins(), fetch.connect_converters()
     home = launcher.run_dir / "kafka"
     home.mkdir(parents=True, exist_ok=True)
     (home / "log4j2.properties").write_text(LOG4J2)
@@ -164,7 +168,7 @@ def start(launcher: Launcher) -> dict[str, str]:
             "listeners.https.ssl.client.auth": "none",
             "rest.advertised.host.name": NODE_IP,
             "rest.advertised.port": rest_port,
-            "plugin.path": plugins,
+            "plugin.path": f"{plugins},{converters}",
             "scheduled.rebalance.max.delay.ms": 0,
         },
     )

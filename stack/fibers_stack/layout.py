@@ -58,6 +58,7 @@ class Versions:
     spark: str
     coredns: str
     spark_operator: str
+    apicurio: str
 
 
 @cache
@@ -72,6 +73,7 @@ def versions() -> Versions:
         spark=_pom_property(tools / "spark-kafka" / "pom.xml", "spark.version"),
         coredns=_go_require(tools / "coredns" / "go.mod", "github.com/coredns/coredns"),
         spark_operator=_go_require(tools / "spark-operator" / "go.mod", "github.com/kubeflow/spark-operator/v2"),
+        apicurio=_pom_property(tools / "apicurio" / "pom.xml", "apicurio.version"),
     )
 
 
@@ -87,6 +89,8 @@ class Artifacts:
     coredns_bin: Path
     spark_operator_bin: Path
     pause_bin: Path
+    apicurio: Path
+    connect_converters: Path
 
 
 def recipe_hash(recipe: str) -> str:
@@ -121,6 +125,8 @@ def artifacts() -> Artifacts:
         / f"spark-operator-{v.spark_operator}-{recipe_hash('spark-operator')}"
         / "spark-operator",
         pause_bin=c / "bin" / f"pause-{recipe_hash('pause')}" / "pause",
+        apicurio=c / f"apicurio-{v.apicurio}-{recipe_hash('apicurio')}",
+        connect_converters=c / f"connect-converters-apicurio-{v.apicurio}-{recipe_hash('apicurio-converter')}",
     )
 
 

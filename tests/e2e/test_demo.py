@@ -42,6 +42,9 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     assert "removing the previous demo" in result.stdout
     assert "identical ✓" in result.stdout
     assert "kubectl get fibers -n shop" in result.stdout
+    # The report read the Avro topic through the registry and wrote Avro rows the demo decoded back.
+    report = result.stdout.split("batch report, Avro in shop.orders-report-avro", 1)[1].splitlines()[0]
+    assert "{'op': 'c', 'events':" in report and "{'op': 'r', 'events': 20," in report
 
     custom = client.CustomObjectsApi(kube)
     phases: dict[str, Any] = {}
@@ -50,6 +53,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
             phases[item["metadata"]["name"]] = (item.get("status") or {}).get("phase")
     assert phases == {
         "orders-cdc": "Running",
+        "orders-avro": "Running",
         "orders-by-item": "Running",
         "orders-report": "Succeeded",
         "orders-store": "Running",

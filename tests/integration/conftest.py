@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from fibers_stack import StackInfo, connect_clusters, namespaces
+from fibers_stack import StackInfo, namespaces, platform_resources
 from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
 from tests.helpers import wait_for
 
@@ -58,8 +58,18 @@ STACK_CLUSTER = "stack"  # the ConnectCluster of the stack's Kafka Connect: the 
 
 @pytest.fixture(scope="session")
 def connect_cluster(kube: ApiClient, crds: None, stack_info: StackInfo) -> str:
-    connect_clusters.apply(kube, STACK_CLUSTER, stack_info.connect_url)
+    platform_resources.apply(kube, STACK_CLUSTER, stack_info.connect_url)
     return STACK_CLUSTER
+
+
+STACK_REGISTRY = "stack"  # the SchemaRegistry of the stack's Apicurio: the test operators' default
+
+
+@pytest.fixture(scope="session")
+def schema_registry(kube: ApiClient, crds: None, stack_info: StackInfo) -> str:
+    url = stack_info.registry_url + "/apis/ccompat/v7"
+    platform_resources.apply(kube, STACK_REGISTRY, url, plural=platform_resources.SCHEMA_REGISTRIES)
+    return STACK_REGISTRY
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +129,17 @@ class OperatorProcess:
 
 @pytest.fixture(scope="module")
 def operator(
-    stack_info: StackInfo, namespace: str, connect_cluster: str, tmp_path_factory: pytest.TempPathFactory
+    stack_info: StackInfo,
+    namespace: str,
+    connect_cluster: str,
+    schema_registry: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     log_file = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {
         "FIBERS_CONNECT_DEFAULT_CLUSTER": connect_cluster,
+        "FIBERS_SCHEMA_REGISTRY_DEFAULT": schema_registry,
+        "FIBERS_SCHEMA_RESYNC": "3",
         "FIBERS_CONNECT_CLUSTER_REFRESH": "5",
         "FIBERS_CONNECT_SYNC_INTERVAL": "2",
         "FIBERS_CONNECT_FAST_INTERVAL": "0.5",
@@ -142,7 +158,7 @@ def _delete_all(op: OperatorProcess, stack: StackInfo, namespace: str) -> None:
     if op.proc is None or op.proc.poll() is not None:
         op.start()
     custom = client.CustomObjectsApi(config.new_client_from_config(config_file=stack.kubeconfig))
-    for plural in ("databusconsumers", "transforms", "connects"):
+    for plural in ("databusconsumers", "transforms", "connects", "schemas"):
         for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural)["items"]:
             try:
                 custom.delete_namespaced_custom_object(

@@ -165,15 +165,12 @@ def test_template_is_valid_for_the_real_apiserver(
         assert {(ns, operator_rules) for ns in watched} <= roles
         [cluster_read] = by_kind(docs, "ClusterRole")
         granted = {res for rule in cluster_read["rules"] for res in rule["resources"]}
-        # Reads, and the status of ConnectClusters (cluster-scoped): nothing namespaced.
-        assert granted == {"customresourcedefinitions", "namespaces", "connectclusters", "connectclusters/status"}
+        # Reads, and the status of ConnectClusters and SchemaRegistries (cluster-scoped): nothing namespaced.
+        statuses = {"connectclusters/status", "schemaregistries/status"}
+        assert granted == {"customresourcedefinitions", "namespaces", "connectclusters", "schemaregistries"} | statuses
         reads = {"get", "list", "watch"}
-        assert all(
-            set(r["verbs"]) <= reads for r in cluster_read["rules"] if r["resources"] != ["connectclusters/status"]
-        )
-        assert [r["verbs"] for r in cluster_read["rules"] if r["resources"] == ["connectclusters/status"]] == [
-            ["patch"]
-        ]
+        assert all(set(r["verbs"]) <= reads for r in cluster_read["rules"] if not set(r["resources"]) & statuses)
+        assert [r["verbs"] for r in cluster_read["rules"] if set(r["resources"]) & statuses] == [["patch"], ["patch"]]
 
     # The peering CRD must exist for its objects to validate: create it for real, briefly.
     ext = client.ApiextensionsV1Api(kube)
@@ -225,7 +222,7 @@ def test_argocd_snippet_carries_the_health_check_for_each_kind() -> None:
     script = HEALTH_LUA.read_text()
     assert snippet == {
         f"resource.customizations.health.fibers.dev_{k}": script
-        for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer")
+        for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
     }
 
 
@@ -307,6 +304,10 @@ HEALTH = {
     "databusconsumer-checkpoint-invalid": ("Degraded", "is not valid JSON"),
     "databusconsumer-failing": ("Degraded", "an instance exited"),
     "databusconsumer-stopped": ("Suspended", "no instance runs"),
+    "schema-registered": ("Healthy", "orders-value version 2 (id 12)"),
+    "schema-incompatible": ("Degraded", "nothing was registered"),
+    "schema-drifted": ("Degraded", "registered outside this resource"),
+    "schema-registry-unreachable": ("Progressing", "connection refused"),
 }
 
 
@@ -339,7 +340,12 @@ def test_argocd_health_finished_batch_transform_without_ready_is_healthy() -> No
 def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
     """Each fixture's status, patched into a live object under strict field validation (dry run)."""
     custom = client.CustomObjectsApi(kube)
-    plurals = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers"}
+    plurals = {
+        "Connect": "connects",
+        "Transform": "transforms",
+        "DatabusConsumer": "databusconsumers",
+        "Schema": "schemas",
+    }
     for name in sorted(HEALTH):
         obj = fixture(name)
         if "status" not in obj:
@@ -429,6 +435,7 @@ def release(
         "image": {"repository": operator_image[0], "tag": operator_image[2], "pullPolicy": "Never"},
         "watch": {"namespaces": [namespace]},
         "connect": {"url": stack_info.connect_url, "syncIntervalSeconds": 2},
+        "schemaRegistry": {"url": stack_info.registry_url + "/apis/ccompat/v7"},
         "kafka": {"bootstrap": stack_info.kafka_bootstrap},
         "jobs": {
             "image": {"repository": job_image[0], "tag": job_image[2], "pullPolicy": "Never"},
@@ -462,7 +469,7 @@ def chart_operator(kube: ApiClient, namespace: str, release: dict[str, Any]) -> 
     def gone(plural: str) -> bool:
         return not names(plural)
 
-    for plural in ("connects", "transforms"):
+    for plural in ("connects", "transforms", "schemas"):
         for name in names(plural):
             custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
         wait_for(partial(gone, plural), timeout=60, what=f"{plural} deleted by the chart's operator")
@@ -547,6 +554,18 @@ def _without_patch_on(rules: list[dict[str, Any]], resource: str) -> list[dict[s
         else:
             narrowed.append(rule)
     return narrowed
+
+
+def test_operator_with_the_chart_rbac_registers_a_schema(
+    chart_operator: ChartOperator, release: dict[str, Any], kube: ApiClient, namespace: str, unique: str
+) -> None:
+    """No spec.registry: the SchemaRegistry the chart made from schemaRegistry.url is the operator's default."""
+    [registry] = by_kind(release["docs"], "SchemaRegistry")
+    schemas = Resources(kube, "schemas", namespace)
+    schema = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
+    schemas.create(unique, {"subject": f"{unique}-value", "schema": json.dumps(schema)})
+    schemas.wait_condition(unique, "True", "Registered", timeout=60)
+    assert schemas.status(unique)["registry"] == registry["metadata"]["name"]
 
 
 @pytest.mark.parametrize(

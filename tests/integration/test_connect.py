@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 import fibers_stack as stack
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
-from fibers_stack import StackInfo, connect_clusters
+from fibers_stack import StackInfo, platform_resources
 from tests.helpers import Resources, debezium_spec, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 
@@ -588,7 +588,9 @@ def test_connect_cluster_is_found_then_allows_the_namespace_by_its_labels(
     assert connects.condition(unique, "Reconciling")["status"] == "True"  # waiting for it, not given up
     core = client.CoreV1Api(kube)
     try:
-        connect_clusters.apply(kube, cluster, stack_info.connect_url, namespaceSelector={"matchLabels": {label: "yes"}})
+        platform_resources.apply(
+            kube, cluster, stack_info.connect_url, namespaceSelector={"matchLabels": {label: "yes"}}
+        )
         cond = connects.wait_condition(unique, "False", "ClusterNotAllowed")
         assert f"does not allow namespace {connects.namespace}" in cond["message"]
         assert connects.condition(unique, "Stalled")["status"] == "True"
@@ -604,7 +606,7 @@ def test_connect_cluster_is_found_then_allows_the_namespace_by_its_labels(
         assert live_state(connect_http, unique) == "ABSENT"
     finally:
         core.patch_namespace(connects.namespace, {"metadata": {"labels": {label: None}}})
-        connect_clusters.delete(kube, cluster)
+        platform_resources.delete(kube, cluster)
 
 
 # ----- validation before apply ----------------------------------------------------------------------------
@@ -653,7 +655,7 @@ def test_connect_cluster_over_tls_trusts_the_ca_it_is_given(
     secret = client.V1Secret(metadata=client.V1ObjectMeta(name=f"{unique}-ca"), string_data={"ca.crt": ca})
     core.create_namespaced_secret(connects.namespace, secret)
     try:
-        connect_clusters.apply(kube, cluster, stack_info.connect_tls_url)
+        platform_resources.apply(kube, cluster, stack_info.connect_tls_url)
         status = _cluster_status(
             kube,
             cluster,
@@ -663,7 +665,7 @@ def test_connect_cluster_over_tls_trusts_the_ca_it_is_given(
         assert "CERTIFICATE_VERIFY_FAILED" in find(status["conditions"], "Ready")["message"]
 
         ref = {"namespace": connects.namespace, "name": f"{unique}-ca"}
-        connect_clusters.apply(kube, cluster, stack_info.connect_tls_url, tls={"caSecretRef": ref})
+        platform_resources.apply(kube, cluster, stack_info.connect_tls_url, tls={"caSecretRef": ref})
         status = _cluster_status(
             kube, cluster, lambda s: (find(s.get("conditions"), "Ready") or {}).get("status") == "True", "trusted"
         )
@@ -673,4 +675,4 @@ def test_connect_cluster_over_tls_trusts_the_ca_it_is_given(
         connects.delete(unique)
         wait_for(lambda: not connects.exists(unique), timeout=60, what="connector deleted over TLS")
     finally:
-        connect_clusters.delete(kube, cluster)
+        platform_resources.delete(kube, cluster)

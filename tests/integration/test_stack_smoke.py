@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import httpx
@@ -208,6 +209,54 @@ def test_debezium_postgres_change_event(
             what="slot released",
         )
         pg.execute("SELECT pg_drop_replication_slot(%s)", (unique,))
+
+
+def test_apicurio_registers_and_looks_up_a_schema_through_the_confluent_api(stack_info: StackInfo, unique: str) -> None:
+    schema = json.dumps({"type": "record", "name": "Row", "fields": [{"name": "id", "type": "int"}]})
+    with httpx.Client(base_url=stack_info.env()["FIBERS_SCHEMA_REGISTRY_URL"], timeout=10) as registry:
+        registered = registry.post(f"/subjects/{unique}-value/versions", json={"schema": schema})
+        assert registered.status_code == 200, registered.text
+        schema_id = registered.json()["id"]
+        found = registry.post(f"/subjects/{unique}-value", json={"schema": schema}).json()
+        assert (found["id"], found["subject"], found["version"]) == (schema_id, f"{unique}-value", 1)
+        assert registry.get(f"/schemas/ids/{schema_id}").json()["schema"] == schema
+        assert unique + "-value" in registry.get("/subjects").json()
+
+
+def test_apicurio_avro_converter_writes_confluent_framed_records(
+    stack_info: StackInfo, connect_http: httpx.Client, tmp_path: Path, unique: str
+) -> None:
+    """Connect's Apicurio converter, set up Confluent-style: magic byte 0, then the ccompat API's 4-byte id."""
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n")
+    converter = "value.converter.apicurio.registry"
+    response = connect_http.post(
+        "/connectors",
+        json={
+            "name": unique,
+            "config": {
+                "connector.class": "FileStreamSource",
+                "tasks.max": "1",
+                "file": str(source),
+                "topic": unique,
+                "value.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+                f"{converter}.url": stack_info.registry_url,
+                f"{converter}.auto-register": "true",
+                f"{converter}.as-confluent": "true",
+                f"{converter}.use-id": "contentId",
+                f"{converter}.headers.enabled": "false",
+            },
+        },
+    )
+    assert response.status_code == 201, response.text
+    try:
+        wait_for(lambda: _connector_running(connect_http, unique), timeout=60, what="connector RUNNING")
+        [value] = read_topic(stack_info.kafka_bootstrap, unique, 1)
+        latest = httpx.get(f"{stack_info.env()['FIBERS_SCHEMA_REGISTRY_URL']}/subjects/{unique}-value/versions/latest")
+        assert value[0] == 0 and struct.unpack(">I", value[1:5])[0] == latest.json()["id"]
+        assert value[5:] == b"\x0ahello"  # Avro: a string of length 5 (zig-zag 10), then its bytes
+    finally:
+        connect_http.delete(f"/connectors/{unique}")
 
 
 def test_ferretdb_insert_upsert_find(mongo: MongoClient[dict[str, object]], unique: str) -> None:

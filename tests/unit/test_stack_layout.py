@@ -11,7 +11,8 @@ from fibers_stack import layout
 
 @pytest.fixture
 def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("k8sbin", "ferretdb", "kafka", "debezium", "spark-kafka", "coredns", "spark-operator", "pause"):
+    recipes = ("k8sbin", "ferretdb", "kafka", "debezium", "spark-kafka", "coredns", "spark-operator", "pause")
+    for name in (*recipes, "apicurio", "apicurio-converter"):
         (tmp_path / name).mkdir()
     (tmp_path / "coredns" / "go.mod").write_text("module c\n\nrequire github.com/coredns/coredns v1.14.7\n")
     (tmp_path / "spark-operator" / "go.mod").write_text(
@@ -24,6 +25,8 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "kafka" / "pom.xml").write_text("<properties><kafka.version>4.1.1</kafka.version></properties>")
     (tmp_path / "debezium" / "pom.xml").write_text("<debezium.version> 3.3.2.Final </debezium.version>")
     (tmp_path / "spark-kafka" / "pom.xml").write_text("<spark.version>4.0.0</spark.version>")
+    (tmp_path / "apicurio" / "pom.xml").write_text("<apicurio.version>2.6.13.Final</apicurio.version>")
+    (tmp_path / "apicurio-converter" / "pom.xml").write_text("<apicurio.version>2.6.13.Final</apicurio.version>")
     monkeypatch.setenv("FIBERS_TOOLS_DIR", str(tmp_path))
     monkeypatch.setenv("FIBERS_CACHE", str(tmp_path / "cache"))
     layout.versions.cache_clear()
@@ -41,6 +44,7 @@ def test_versions_come_from_the_recipes(tools: Path) -> None:
         spark="4.0.0",
         coredns="v1.14.7",
         spark_operator="v2.5.0",
+        apicurio="2.6.13.Final",
     )
 
 
@@ -61,3 +65,12 @@ def test_a_changed_recipe_is_a_new_cache_entry(tools: Path) -> None:
     assert before != after
     assert after.parent.name.startswith("ferretdb-v1.24.2-")
     assert layout.artifacts().kafka_lib == layout.artifacts().kafka_lib  # stable when nothing changed
+
+
+def test_the_registry_and_its_converter_are_keyed_by_their_own_recipes(tools: Path) -> None:
+    registry, converters = layout.artifacts().apicurio, layout.artifacts().connect_converters
+    assert registry.name.startswith("apicurio-2.6.13.Final-")
+    assert converters.name.startswith("connect-converters-apicurio-2.6.13.Final-")
+    (tools / "apicurio-converter" / "pom.xml").write_text("<apicurio.version>2.6.13.Final</apicurio.version><!-- -->")
+    assert layout.artifacts().connect_converters != converters
+    assert layout.artifacts().apicurio == registry

@@ -496,7 +496,7 @@ def test_the_example_transforms_fit_both_crds() -> None:
             name=body["metadata"]["name"],
             namespace="shop",
             run="r-1",
-            connect_topics={"orders-cdc": ["shop.public.orders"]},
+            connect_topics={"orders-cdc": ["shop.public.orders"], "orders-avro": ["shop.avro.public.orders"]},
             defaults=Defaults(kafka_bootstrap="kafka:9092"),
         )
         app = sparkapp.build(body, run="r-1", job=job, trigger="create", defaults=Defaults())

@@ -1,5 +1,5 @@
--- Argo CD health for fibers.dev resources: Connect, ConnectCluster, Transform and DatabusConsumer.
--- All four report kstatus conditions (Ready, Reconciling, Stalled) and observedGeneration,
+-- Argo CD health for fibers.dev resources: Connect, ConnectCluster, Transform, DatabusConsumer, Schema
+-- and SchemaRegistry. All of them report kstatus conditions (Ready, Reconciling, Stalled) and observedGeneration,
 -- so one script serves them. Argo CD runs it in Lua 5.1 (gopher-lua) with the object in `obj`.
 
 -- Ready=True with one of these reasons means "stopped on purpose".
@@ -14,6 +14,7 @@ local FAILED = {
   AutoRestartExhausted = true,
   RunFailed = true, SubmissionDeadlineExceeded = true, StreamEnded = true,
   CheckpointInvalid = true, ConsumerFailing = true,
+  SubjectExists = true, SubjectOwned = true, Incompatible = true, InvalidSchema = true, Drifted = true,
 }
 
 local function result(status, message)

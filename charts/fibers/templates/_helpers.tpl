@@ -63,11 +63,11 @@ exactly these permissions.
 # and reads a Connect before releasing it; the reconcilers read them (a Transform also reads the
 # Connects named in its inputs).
 - apiGroups: [fibers.dev]
-  resources: [connects, transforms, databusconsumers]
+  resources: [connects, transforms, databusconsumers, schemas]
   verbs: [get, list, watch, patch]
 # Observed state is written through the status subresource only (fibers.kube.Kube.replace_status).
 - apiGroups: [fibers.dev]
-  resources: [connects/status, transforms/status, databusconsumers/status]
+  resources: [connects/status, transforms/status, databusconsumers/status, schemas/status]
   verbs: [patch]
 # SparkApplications and consumer Deployments carry an ownerReference with blockOwnerDeletion; where
 # the OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift), that needs this.
@@ -119,11 +119,31 @@ watches them, so a CRD installed after the operator starts is picked up.
 - apiGroups: [fibers.dev]
   resources: [connectclusters/status]
   verbs: [patch]
+# SchemaRegistries are cluster-scoped too: watched (Schemas, Avro inputs and consumers resolve them)
+# and probed into their status; the operator never patches them (no finalizer, no annotations).
+- apiGroups: [fibers.dev]
+  resources: [schemaregistries]
+  verbs: [get, list, watch]
+- apiGroups: [fibers.dev]
+  resources: [schemaregistries/status]
+  verbs: [patch]
 # Namespace labels decide which ConnectClusters a namespace may use (spec.namespaceSelector); with a
 # fixed list of namespaces kopf also watches them, to notice a watched one created or deleted.
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [get, list, watch]
+{{- end }}
+
+{{/* The SchemaRegistry of Schemas without spec.registry: the chart's own when schemaRegistry.url is set. */}}
+{{- define "fibers.schemaRegistryName" -}}
+{{- .Values.schemaRegistry.name | default (include "fibers.fullname" .) -}}
+{{- end }}
+{{- define "fibers.defaultSchemaRegistry" -}}
+{{- if .Values.schemaRegistry.default -}}
+{{- .Values.schemaRegistry.default -}}
+{{- else if .Values.schemaRegistry.url -}}
+{{- include "fibers.schemaRegistryName" . -}}
+{{- end -}}
 {{- end }}
 
 {{/* The ConnectCluster of Connects without spec.cluster: the chart's own when connect.url is set. */}}

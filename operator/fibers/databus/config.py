@@ -24,6 +24,7 @@ class ConsumerConfig:
     retry_backoff: float = 1.0
     max_window_events: int = 5000
     labels: dict[str, str] = field(default_factory=dict)
+    registry_url: str | None = None  # values are Avro in the registry's wire format (spec.relay.avro)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConsumerConfig:
@@ -44,6 +45,7 @@ class ConsumerConfig:
             retries=int(callback.get("retries", 5)),
             retry_backoff=float(callback.get("retryBackoffSeconds", 1)),
             labels=dict(data.get("labels") or {}),
+            registry_url=(relay.get("avro") or {}).get("registryUrl"),
         )
 
     def owns(self, partition: int) -> bool:

@@ -20,9 +20,17 @@ def checkpoint_config_map(body: dict[str, Any]) -> str:
 
 
 def render_config(
-    body: dict[str, Any], *, instance: int, kafka_bootstrap: str | None, start_position: str | None = None
+    body: dict[str, Any],
+    *,
+    instance: int,
+    kafka_bootstrap: str | None,
+    start_position: str | None = None,
+    registry_url: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON `fibers consume` runs from; secrets stay in environment variables."""
+    """The JSON `fibers consume` runs from; secrets stay in environment variables.
+
+    `registry_url`: the schema registry of spec.relay.avro, resolved by the reconciler.
+    """
     meta, spec = body["metadata"], body["spec"]
     bootstrap_servers = (spec.get("relay") or {}).get("bootstrapServers") or kafka_bootstrap
     if not bootstrap_servers:
@@ -34,12 +42,15 @@ def render_config(
     bootstrap = spec.get("bootstrap") or {}
     policy = spec.get("callbackPolicy") or {}
     checkpoint = spec.get("checkpoint") or {}
+    relay: dict[str, Any] = {"bootstrapServers": bootstrap_servers, "topics": list(spec["sources"])}
+    if registry_url:
+        relay["avro"] = {"registryUrl": registry_url}
     return {
         "name": meta["name"],
         "namespace": meta["namespace"],
         "instance": instance,
         "instances": int(spec.get("instances", 1)),
-        "relay": {"bootstrapServers": bootstrap_servers, "topics": list(spec["sources"])},
+        "relay": relay,
         "sink": sink,
         "bootstrap": {"uriEnv": STORE_URI_ENV, "database": bootstrap["database"]} if bootstrap.get("enabled") else None,
         "checkpoint": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,12 +63,15 @@ def _unwrap(decoded: Any) -> Any:
     return decoded
 
 
-def _key_text(key: bytes | None, row: dict[str, Any] | None) -> str:
+Parser = Callable[[bytes], Any]  # record bytes → Python values: parse_json, or fibers.wire.AvroDecoder
+
+
+def _key_text(key: bytes | None, row: dict[str, Any] | None, parse: Parser = parse_json) -> str:
     if key:
         if key.isdigit():  # the common plain numeric key; json.loads would give the same text, slower
             return key.decode()
-        try:
-            decoded = _unwrap(parse_json(key))
+        try:  # a key the registry framed (magic byte 0) goes through `parse`; any other is JSON or text
+            decoded = _unwrap((parse if key[:1] == b"\x00" else parse_json)(key))
         except ValueError:
             return key.decode(errors="replace")
         if isinstance(decoded, dict):
@@ -82,29 +86,35 @@ def _key_text(key: bytes | None, row: dict[str, Any] | None) -> str:
     raise MalformedEvent("record has neither a key nor an id column")
 
 
-def decode(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> ChangeEvent | None:
+def decode(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, parse: Parser = parse_json
+) -> ChangeEvent | None:
     """A ChangeEvent, or None for a tombstone (Kafka's null value after a delete, which carries nothing).
 
-    Called for every record the consumer reads: one JSON parse, and the event built positionally.
+    Called for every record the consumer reads: one parse (JSON, or Avro from the schema registry), and
+    the event built positionally. Debezium's envelope reads the same either way.
     """
     if value is None:
         return None
     try:
-        payload = _unwrap(parse_json(value))
+        payload = _unwrap(parse(value))
     except ValueError as exc:
-        raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not JSON: {exc}") from None
+        what = "JSON" if parse is parse_json else "decodable"
+        raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not {what}: {exc}") from None
     if type(payload) is dict:
         if "op" in payload and "source" in payload:
-            return _debezium(topic, partition, offset, key, payload)
+            return _debezium(topic, partition, offset, key, payload, parse)
         row = payload
     elif payload is None:
         return None
     else:
         row = {"value": payload}
-    return ChangeEvent(topic, partition, offset, _key_text(key, row), "u", offset, offset, row, None, 0, row)
+    return ChangeEvent(topic, partition, offset, _key_text(key, row, parse), "u", offset, offset, row, None, 0, row)
 
 
-def _debezium(topic: str, partition: int, offset: int, key: bytes | None, payload: dict[str, Any]) -> ChangeEvent:
+def _debezium(
+    topic: str, partition: int, offset: int, key: bytes | None, payload: dict[str, Any], parse: Parser
+) -> ChangeEvent:
     source = payload.get("source") or {}
     tx = payload.get("transaction") or {}
     lsn = source.get("lsn")
@@ -113,7 +123,7 @@ def _debezium(topic: str, partition: int, offset: int, key: bytes | None, payloa
         topic,
         partition,
         offset,
-        _key_text(key, after or before),
+        _key_text(key, after or before, parse),
         payload["op"],
         int(lsn) if lsn is not None else offset,
         str(tx.get("id") or source.get("txId") or "") or offset,

@@ -24,6 +24,8 @@ from fibers.databus.checkpoint import CheckpointError, Checkpoints
 from fibers.databus.checkpoint_store import STATS_ANNOTATION
 from fibers.databus.deployments import LABEL_CONSUMER, PLURAL
 from fibers.kube import Kube
+from fibers.registries import PLURAL as REGISTRIES
+from fibers.registries import RegistryNotChosen, choose_registry, parse_registry
 
 log = logging.getLogger("fibers.databus.operator")
 MODE_ORDER = ["INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"]
@@ -38,8 +40,10 @@ class DatabusReconciler:
         image: str,
         service_account: str | None,
         image_pull_policy: str = "IfNotPresent",
+        schema_registry: str | None = None,
     ) -> None:
         self.kube = kube
+        self.schema_registry = schema_registry  # the operator's default SchemaRegistry (spec.relay.avro)
         self.apps = client.AppsV1Api(kube.api)
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
         self.image_pull_policy = image_pull_policy
@@ -58,6 +62,20 @@ class DatabusReconciler:
             self.apps.list_namespaced_deployment, namespace, label_selector=f"{LABEL_CONSUMER}={name}"
         )
         return {str(d.metadata.name): d for d in result.items if d.metadata}
+
+    async def _registry_url(self, spec: dict[str, Any]) -> str | None:
+        """The schema registry of spec.relay.avro (None: JSON values); ValueError names what is missing."""
+        avro = (spec.get("relay") or {}).get("avro")
+        if avro is None:
+            return None
+        registries = [
+            parse_registry(o["metadata"]["name"], o.get("spec") or {})
+            for o in await self.kube.list_cluster_objects(REGISTRIES)
+        ]
+        try:
+            return choose_registry(avro.get("registry"), registries, self.schema_registry).url
+        except RegistryNotChosen as exc:
+            raise ValueError(f"spec.relay.avro: {exc}") from None
 
     async def _reconcile(self, body: dict[str, Any]) -> None:
         meta, spec = body["metadata"], body["spec"]
@@ -78,9 +96,14 @@ class DatabusReconciler:
         problem = ""
         wanted: set[str] = set()
         try:
+            registry_url = await self._registry_url(spec)
             for instance in range(int(spec.get("instances", 1))):
                 config = deployments.render_config(
-                    body, instance=instance, kafka_bootstrap=self.kafka_bootstrap, start_position=start
+                    body,
+                    instance=instance,
+                    kafka_bootstrap=self.kafka_bootstrap,
+                    start_position=start,
+                    registry_url=registry_url,
                 )
                 manifest = deployments.deployment(
                     body,

@@ -35,8 +35,9 @@ from fibers.databus.callbacks import Callback, Result, WindowFailed, window_disp
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
-from fibers.databus.events import ChangeEvent, decode
+from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
 from fibers.databus.store import BootstrapStore
+from fibers.wire import AvroDecoder, Registry
 
 log = logging.getLogger("fibers.databus")
 NEXT_OFFSET = "kafka_next_offset"
@@ -87,6 +88,9 @@ class Runtime:
     def __init__(self, config: ConsumerConfig, core: client.CoreV1Api, callback: Callback | None = None) -> None:
         self.config = config
         self.callback = callback or sinks.build(config.sink, config.bootstrap_servers)
+        self._parse: Parser = parse_json
+        if config.registry_url:  # Avro values: each record's writer schema from the registry, fetched once per id
+            self._parse = AvroDecoder(Registry(config.registry_url))
         self.store = CheckpointStore(
             core,
             config.namespace,
@@ -369,6 +373,7 @@ class Runtime:
         window_id: object = None  # (window id, partition, topic) of `window`
         attempts: dict[tuple[str, int, int], int] = {}
         max_events = self.config.max_window_events
+        parse = self._parse
         while not self.stopping:
             messages = self._poll(waiting=bool(window))
             ready: list[list[ChangeEvent]] = []
@@ -376,7 +381,9 @@ class Runtime:
                 if (error := message.error()) is not None:
                     self._relay_error(error)
                     continue
-                event = decode(message.topic(), message.partition(), message.offset(), message.key(), message.value())
+                event = decode(
+                    message.topic(), message.partition(), message.offset(), message.key(), message.value(), parse
+                )
                 if event is None:
                     continue
                 if (event.window, event.partition, event.topic) != window_id or len(window) >= max_events:

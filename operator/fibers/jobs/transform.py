@@ -39,6 +39,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from fibers import logs
+from fibers.jobs import avro
+from fibers.jobs.avro import AvroRef
 from fibers.redact import redact, truncate
 from fibers.spark import session
 
@@ -74,6 +76,7 @@ class KafkaSource:
     topics: tuple[str, ...]
     schema: str | None = None
     starting_offsets: str = "earliest"
+    avro: AvroRef | None = None  # values in the registry's wire format (schema is then None)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Input:
 class KafkaSink:
     topic: str
     key_column: str | None = None
+    avro: AvroRef | None = None
 
 
 @dataclass(frozen=True)
@@ -315,7 +319,10 @@ def _parse_input(raw: Any, where: str) -> Input:
         if not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics):
             raise SpecError(f"{at}.topics must be a non-empty list of topic names")
         offsets = _opt_str(body, "startingOffsets", at) or "earliest"
-        source = KafkaSource(tuple(topics), _opt_str(body, "schema", at), offsets)
+        avro_ref = _parse_avro(body.get("avro"), f"{at}.avro")
+        if avro_ref is not None and body.get("schema") is not None:
+            raise SpecError(f"{at}: avro values carry their own schema; leave schema out")
+        source = KafkaSource(tuple(topics), _opt_str(body, "schema", at), offsets, avro_ref)
     elif kind == "files":
         options = _str_map(body.get("options"), f"{at}.options")
         source = FilesSource(
@@ -333,7 +340,8 @@ def _parse_output(raw: Any) -> Sink | None:
     kind = _one_of(_obj(raw, "spec.output"), ("kafka", "files", "mongodb"), "spec.output")
     body, at = _obj(raw[kind], f"spec.output.{kind}"), f"spec.output.{kind}"
     if kind == "kafka":
-        return KafkaSink(_req_str(body, "topic", at), _opt_str(body, "keyColumn", at))
+        avro_ref = _parse_avro(body.get("avro"), f"{at}.avro")
+        return KafkaSink(_req_str(body, "topic", at), _opt_str(body, "keyColumn", at), avro_ref)
     if kind == "files":
         mode = _opt_str(body, "mode", at)
         if mode is not None and mode not in SAVE_MODES:
@@ -342,6 +350,15 @@ def _parse_output(raw: Any) -> Sink | None:
         return FilesSink(_req_str(body, "path", at), _req_str(body, "format", at), mode, options)
     uri_env, database = _req_str(body, "uriEnv", at), _req_str(body, "database", at)
     return MongoSink(uri_env, database, _req_str(body, "collection", at), _opt_str(body, "idColumn", at))
+
+
+def _parse_avro(raw: Any, where: str) -> AvroRef | None:
+    if raw is None:
+        return None
+    body = _obj(raw, where)
+    return AvroRef(
+        _req_str(body, "registryUrl", where), _req_str(body, "subject", where), _opt_str(body, "readerSchema", where)
+    )
 
 
 def _split_entrypoint(entrypoint: str) -> tuple[str, str]:
@@ -384,6 +401,8 @@ def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> Data
         raw = spark.readStream.format("kafka").options(**options).load()
     else:
         raw = spark.read.format("kafka").options(**options, endingOffsets="latest").load()
+    if source.avro is not None:
+        return avro.decode(raw, source.avro, streaming=spec.streaming)
     return decode_kafka(raw, source.schema)
 
 
@@ -491,9 +510,12 @@ def load_entrypoint(entrypoint: str) -> Entrypoint:
 # --- outputs -------------------------------------------------------------------------------------
 
 
-def kafka_records(frame: DataFrame, key_column: str | None) -> DataFrame:
-    """The key and value columns Kafka's sink wants: the whole row as a JSON object in the value."""
-    value = F.to_json(F.struct(*[F.col(_quoted(column)) for column in frame.columns])).alias("value")
+def kafka_records(frame: DataFrame, key_column: str | None, avro_ref: AvroRef | None = None) -> DataFrame:
+    """The key and value columns Kafka's sink wants: the whole row as a JSON object in the value, or as
+    Avro in the registry's wire format."""
+    row = F.struct(*[F.col(_quoted(column)) for column in frame.columns])
+    encoded = F.to_json(row) if avro_ref is None else avro.value(frame, row, avro_ref, "Result")
+    value = encoded.alias("value")
     if key_column is None:
         return frame.select(value)
     return frame.select(F.col(_quoted(key_column)).cast("string").alias("key"), value)
@@ -516,7 +538,7 @@ def write_outputs(spec: JobSpec, result: DataFrame) -> None:
 
 def _write_batch(spec: JobSpec, sink: Sink, result: DataFrame) -> None:
     if isinstance(sink, KafkaSink):
-        writer = kafka_records(result, sink.key_column).write.format("kafka").mode("append")
+        writer = kafka_records(result, sink.key_column, sink.avro).write.format("kafka").mode("append")
         writer.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic).save()
     elif isinstance(sink, FilesSink):
         result.write.format(sink.format).options(**sink.options).mode(sink.mode or "overwrite").save(sink.path)
@@ -654,7 +676,7 @@ def start_query(spec: JobSpec, result: DataFrame) -> StreamingQuery:
 def _stream_writer(spec: JobSpec, result: DataFrame) -> DataStreamWriter:
     sink = spec.output
     if isinstance(sink, KafkaSink):
-        records = kafka_records(result, sink.key_column).writeStream.format("kafka")
+        records = kafka_records(result, sink.key_column, sink.avro).writeStream.format("kafka")
         return records.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic)
     if isinstance(sink, FilesSink):
         return result.writeStream.format(sink.format).options(**sink.options).option("path", sink.path)

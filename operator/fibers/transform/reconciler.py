@@ -17,13 +17,24 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from fibers import metrics
-from fibers.api import ANNOTATION_PAUSED, CONNECT_PLURAL, object_ref
+from fibers.api import ANNOTATION_PAUSED, CONNECT_PLURAL, SCHEMA_PLURAL, object_ref
 from fibers.conditions import format_time, utcnow
 from fibers.kube import Kube
+from fibers.registries import PLURAL as REGISTRIES
+from fibers.registries import RegistryNotChosen, choose_registry, parse_registry
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
 from fibers.transform.sparkapp import SparkApplications
-from fibers.transform.spec import KIND, PLURAL, Defaults, InputsNotReady, render_job, spec_hash
+from fibers.transform.spec import (
+    KIND,
+    PLURAL,
+    Defaults,
+    InputsNotReady,
+    avro_refs,
+    default_subject,
+    render_job,
+    spec_hash,
+)
 
 log = logging.getLogger("fibers.transform")
 
@@ -45,6 +56,45 @@ class TransformReconciler:
                     raise InputsNotReady(f"Connect {ref} does not exist in {namespace}")
                 topics[ref] = list((connect.get("status") or {}).get("topics") or [])
         return topics
+
+    async def _avro(
+        self, namespace: str, spec: dict[str, Any], connect_topics: dict[str, list[str]]
+    ) -> dict[str, dict[str, Any]]:
+        """Where each Avro input's (and the output's) schemas come from: registry URL, subject, reader schema."""
+        refs = avro_refs(spec)
+        if not refs:
+            return {}
+        registries = [
+            parse_registry(o["metadata"]["name"], o.get("spec") or {})
+            for o in await self.kube.list_cluster_objects(REGISTRIES)
+        ]
+        items = {item["name"]: item for item in spec["inputs"]}
+        resolved: dict[str, dict[str, Any]] = {}
+        for key, ref in refs.items():
+            where = "spec.output.kafka.avro" if key == "output" else f"input {key}"
+            found: dict[str, Any] = {}
+            if ref.get("schemaRef"):
+                schema_name = ref["schemaRef"]["name"]
+                schema = await self.kube.get_object(SCHEMA_PLURAL, namespace, schema_name)
+                if schema is None:
+                    raise InputsNotReady(f"{where}: Schema {schema_name} does not exist in {namespace}")
+                registered = schema.get("status") or {}
+                if not registered.get("id"):
+                    raise InputsNotReady(f"{where}: Schema {schema_name} is not registered yet")
+                registry_name, subject = registered.get("registry"), str(registered["subject"])
+                found["readerSchema"] = schema["spec"]["schema"]
+            else:
+                registry_name = ref.get("registry")
+                if key == "output":
+                    subject = ref.get("subject") or f"{spec['output']['kafka']['topic']}-value"
+                else:
+                    subject = ref.get("subject") or default_subject(items[key], connect_topics)
+            try:
+                registry = choose_registry(registry_name, registries, self.defaults.schema_registry)
+            except RegistryNotChosen as exc:
+                raise InputsNotReady(f"{where}: {exc}") from None
+            resolved[key] = {"registryUrl": registry.url, "subject": subject, **found}
+        return resolved
 
     async def reconcile(self, namespace: str, name: str) -> None:
         async with self._locks[(namespace, name)]:
@@ -84,13 +134,15 @@ class TransformReconciler:
         if plan.start:
             run, trigger = plan.start
             try:
+                topics = await self._connect_topics(namespace, view.spec)
                 job = render_job(
                     view.spec,
                     name=view.name,
                     namespace=namespace,
                     run=run,
-                    connect_topics=await self._connect_topics(namespace, view.spec),
+                    connect_topics=topics,
                     defaults=self.defaults,
+                    avro=await self._avro(namespace, view.spec, topics),
                 )
             except InputsNotReady as exc:
                 waiting = str(exc)

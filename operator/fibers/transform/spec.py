@@ -26,6 +26,7 @@ class Defaults:
     spark_version: str = "4.0.0"  # the pyspark of the job image
     core_request: str | None = "200m"  # CPU request of driver and executor pods (their `cores` is Spark's parallelism)
     memory: str = "512m"  # driver and executor heap; PySpark adds at least 384 MiB of overhead to the pod
+    schema_registry: str | None = None  # the SchemaRegistry of Avro inputs and outputs that name none
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
@@ -56,14 +57,20 @@ def render_job(
     run: str,
     connect_topics: dict[str, list[str]],
     defaults: Defaults,
+    avro: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The JSON the job (fibers.jobs.transform) runs from. It never contains a secret value."""
+    """The JSON the job (fibers.jobs.transform) runs from. It never contains a secret value.
+
+    `avro` holds, by input name (and "output" for the output), what `resolve_avro` found for Avro
+    inputs: the registry's URL, the subject, and the reader schema of a schemaRef.
+    """
+    avro = avro or {}
     inputs: list[dict[str, Any]] = []
     uses_kafka = False
     for item in spec["inputs"]:
         view: dict[str, Any] = {"name": item["name"]}
         if "kafka" in item:
-            view["kafka"] = {k: v for k, v in item["kafka"].items()}
+            view["kafka"] = {k: v for k, v in item["kafka"].items() if k != "avro"}
             uses_kafka = True
         elif "connectRef" in item:
             ref = item["connectRef"]
@@ -74,6 +81,8 @@ def render_job(
             if ref.get("schema"):
                 view["kafka"]["schema"] = ref["schema"]
             uses_kafka = True
+        if "kafka" in view and item["name"] in avro:
+            view["kafka"]["avro"] = avro[item["name"]]
         elif "files" in item:
             view["files"] = dict(item["files"])
         elif "mongodb" in item:
@@ -99,7 +108,9 @@ def render_job(
     job["sql" if "sql" in spec else "entrypoint"] = spec.get("sql") or spec.get("entrypoint")
     output = spec.get("output") or {}
     if "kafka" in output:
-        job["output"] = {"kafka": dict(output["kafka"])}
+        job["output"] = {"kafka": {k: v for k, v in output["kafka"].items() if k != "avro"}}
+        if "output" in avro:
+            job["output"]["kafka"]["avro"] = avro["output"]
         uses_kafka = True
     elif "files" in output:
         job["output"] = {"files": dict(output["files"])}
@@ -125,6 +136,29 @@ def render_job(
             raise ValueError("spec.kafka.bootstrapServers is not set and the operator has no default Kafka")
         job["kafka"] = {"bootstrapServers": bootstrap}
     return job
+
+
+def avro_refs(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The `avro` blocks of Kafka and connectRef inputs (by input name) and of a Kafka output ("output")."""
+    refs = {
+        item["name"]: dict(source["avro"])
+        for item in spec["inputs"]
+        for source in (item.get("kafka") or item.get("connectRef") or {},)
+        if source.get("avro") is not None
+    }
+    output = (spec.get("output") or {}).get("kafka") or {}
+    if output.get("avro") is not None:
+        refs["output"] = dict(output["avro"])
+    return refs
+
+
+def default_subject(item: dict[str, Any], connect_topics: dict[str, list[str]]) -> str:
+    """TopicNameStrategy, as the converters use by default: the value subject of the input's first topic."""
+    in_connect = connect_topics.get((item.get("connectRef") or {}).get("name", "")) or []
+    topics = item["kafka"]["topics"] if "kafka" in item else in_connect
+    if not topics:
+        raise InputsNotReady(f"input {item['name']}: no topic to take the subject from")
+    return f"{sorted(topics)[0]}-value"
 
 
 def secret_envs(spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,75 @@
+"""kopf handlers for Schema and SchemaRegistry: thin, they hand each resource to `SchemaOperator`.
+
+Two kopf indexes give every handler the registries and every Schema's claim on its subject without
+an API call: the oldest Schema claiming a subject on a registry owns it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from fibers.api import GROUP, VERSION
+from fibers.schemas.operator import SchemaOperator
+from fibers.schemas.reconcile import SchemaSettings
+from fibers.schemas.spec import PLURAL, REGISTRIES, Claim, RegistrySpec, parse_registry
+
+
+def _operator(memo: Any) -> SchemaOperator:
+    found: SchemaOperator = memo.schemas
+    return found
+
+
+def _registries(kwargs: dict[str, Any]) -> list[RegistrySpec]:
+    """The `schema_registries` index, which kopf passes as a keyword argument."""
+    index: kopf.Index[str, RegistrySpec] = kwargs["schema_registries"]
+    return [spec for name in index for spec in index[name]]
+
+
+def _claims(kwargs: dict[str, Any], subject: str) -> list[Claim]:
+    """The claims of every Schema on `subject`, from the `schema_claims` index."""
+    index: kopf.Index[str, Claim] = kwargs["schema_claims"]
+    return list(index.get(subject, []))
+
+
+@kopf.index(GROUP, VERSION, REGISTRIES)
+def schema_registries(name: str, spec: kopf.Spec, **_: Any) -> dict[str, RegistrySpec]:
+    return {name: parse_registry(name, spec)}
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def schema_claims(namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> dict[str, Claim]:
+    created = str(meta.get("creationTimestamp"))
+    return {str(spec.get("subject")): Claim(created, str(namespace), name, spec.get("registry"))}
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+async def schema_changed(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, **kwargs: Any) -> None:
+    claims = _claims(kwargs, str(spec.get("subject")))
+    await _operator(memo).reconcile_schema(dict(body), _registries(kwargs), claims)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SchemaSettings.retry, initial_delay=SchemaSettings.retry)
+async def schema_tick(
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Drift, a registry that came back, a subject's owner that went away: looked at on a slow beat."""
+    operator = _operator(memo)
+    if operator.due(str(meta["uid"]), dict(status)):
+        claims = _claims(kwargs, str(spec.get("subject")))
+        await operator.reconcile_schema(dict(body), _registries(kwargs), claims)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def schema_deleted(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _operator(memo).delete_schema(dict(body), _registries(kwargs))
+
+
+@kopf.on.event(GROUP, VERSION, REGISTRIES)
+async def registry_event(event: kopf.RawEvent, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Watch events only: kopf's own handlers (and timers) would put a finalizer on a platform team's
+    SchemaRegistry, which then outlives an uninstalled operator. `SchemaOperator.run` probes them."""
+    _operator(memo).observe_registry(event.get("type"), name, dict(body))

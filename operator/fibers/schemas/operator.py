@@ -1,0 +1,186 @@
+"""The Schema and SchemaRegistry reconcilers' shared state: one registry client per URL, the defaults,
+and when each Schema is next due for a look. kopf's handlers (see `handlers`) call in here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from fibers import conditions
+from fibers.api import object_ref
+from fibers.conditions import READY, Condition, format_time, utcnow
+from fibers.kube import Kube, describe
+from fibers.schemas import reconcile
+from fibers.schemas.ccompat import RegistryClient, RegistryError, RegistryUnreachable
+from fibers.schemas.reconcile import Outcome, SchemaSettings
+from fibers.schemas.spec import (
+    KIND,
+    PLURAL,
+    REGISTRIES,
+    Claim,
+    RegistryNotChosen,
+    RegistrySpec,
+    choose_registry,
+    owner,
+    parse_registry,
+    parse_schema,
+)
+
+log = logging.getLogger("fibers.schemas")
+
+
+class SchemaOperator:
+    def __init__(self, kube: Kube, settings: SchemaSettings, default_registry: str | None) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.default_registry = default_registry
+        self._clients: dict[str, RegistryClient] = {}
+        self._looked_at: dict[str, float] = {}  # uid → monotonic time of the last full reconcile
+        self._registries: dict[str, dict[str, Any]] = {}  # name → the SchemaRegistry's body, from its watch
+        self._due: dict[str, float] = {}  # name → monotonic time of its next probe
+        self._wake = asyncio.Event()
+
+    def client(self, registry: RegistrySpec) -> RegistryClient:
+        if registry.url not in self._clients:
+            self._clients[registry.url] = RegistryClient(registry.url)
+        return self._clients[registry.url]
+
+    async def aclose(self) -> None:
+        for c in self._clients.values():
+            await c.aclose()
+
+    # ----- Schema ----------------------------------------------------------------------------------
+
+    def due(self, uid: str, status: dict[str, Any]) -> bool:
+        """The timer looks every `retry` seconds; an in-sync Schema only every `resync` seconds."""
+        since = time.monotonic() - self._looked_at.get(uid, 0.0)
+        return since >= (
+            self.settings.resync if conditions.is_true(status.get("conditions"), READY) else self.settings.retry
+        )
+
+    async def reconcile_schema(
+        self, body: dict[str, Any], registries: Iterable[RegistrySpec], claims: Iterable[Claim]
+    ) -> None:
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        self._looked_at[uid] = time.monotonic()
+        spec = parse_schema(body["spec"])
+        known = list(registries)
+        try:
+            registry = choose_registry(spec.registry, known, self.default_registry)
+        except RegistryNotChosen as exc:
+            await self._write(body, Outcome(conditions=conditions.waiting("RegistryNotFound", str(exc))))
+            return
+        resolve: dict[str | None, str] = {}
+        with contextlib.suppress(RegistryNotChosen):
+            resolve[None] = choose_registry(None, known, self.default_registry).name
+        holder = owner(claims, registry.name, resolve)
+        if holder is not None and (holder.namespace, holder.name) != (namespace, name):
+            message = (
+                f"subject {spec.subject!r} on SchemaRegistry {registry.name} belongs to Schema "
+                f"{holder.namespace}/{holder.name}; this resource changes nothing"
+            )
+            out = Outcome(status={"registry": registry.name, "subject": spec.subject})
+            out.conditions = conditions.stalled("SubjectOwned", message)
+            await self._write(body, out)
+            return
+        try:
+            out = await reconcile.reconcile(spec, registry, self.client(registry), status)
+        except RegistryUnreachable as exc:
+            out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
+            out.conditions = conditions.waiting(
+                "RegistryUnreachable", f"{exc}; tried again every {self.settings.retry:.0f} s"
+            )
+        except RegistryError as exc:
+            out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
+            out.conditions = conditions.waiting("RegistryError", f"the registry answered {exc}")
+        await self._write(body, out)
+
+    async def delete_schema(self, body: dict[str, Any], registries: Iterable[RegistrySpec]) -> None:
+        """deletionPolicy Delete soft-deletes a subject this resource managed; Retain (the default) keeps it."""
+        spec, status = parse_schema(body["spec"]), dict(body.get("status") or {})
+        self._looked_at.pop(body["metadata"]["uid"], None)
+        if not (spec.delete_subject and status.get("managed") and status.get("subject") == spec.subject):
+            return
+        by_name = {r.name: r for r in registries}
+        registry = by_name.get(status.get("registry", ""))
+        if registry is None:
+            log.warning("SchemaRegistry %s is gone: subject %s kept", status.get("registry"), spec.subject)
+            return
+        deleted = await self.client(registry).delete_subject(spec.subject)  # unreachable: kopf retries
+        log.info("subject soft-deleted", extra={"subject": spec.subject, "versions": deleted})
+
+    async def _write(self, body: dict[str, Any], out: Outcome) -> None:
+        meta, previous = body["metadata"], dict(body.get("status") or {})
+        generation = int(meta.get("generation", 0))
+        status = {**out.status, "observedGeneration": generation}
+        status["conditions"] = conditions.merge(
+            previous.get("conditions"), out.conditions, generation, format_time(utcnow())
+        )
+        ref = object_ref(KIND, meta["namespace"], meta["name"], meta["uid"])
+        for reason, message, warning in out.events:
+            self.kube.post_event_soon(ref, reason, message, warning=warning)
+        if status == previous:
+            return
+        await self.kube.replace_status(PLURAL, meta["namespace"], meta["name"], status, previous)
+        before, after = conditions.find(previous.get("conditions"), READY) or {}, status["conditions"][0]
+        if (before.get("status"), before.get("reason")) != (after["status"], after["reason"]):
+            level = logging.INFO if after["status"] == "True" else logging.WARNING
+            log.log(
+                level,
+                "Schema %s: %s",
+                after["reason"],
+                after["message"],
+                extra={"namespace": meta["namespace"], "schema": meta["name"]},
+            )
+
+    # ----- SchemaRegistry --------------------------------------------------------------------------
+
+    def observe_registry(self, event_type: str | None, name: str, body: dict[str, Any]) -> None:
+        """Probe a SchemaRegistry now when it is new or its spec changed; forget a deleted one."""
+        if event_type == "DELETED":
+            self._registries.pop(name, None)
+            self._due.pop(name, None)
+            return
+        before = self._registries.get(name)
+        self._registries[name] = body
+        if before is None or before.get("spec") != body.get("spec"):
+            self._due[name] = 0.0
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Probe each SchemaRegistry every `registry_probe` seconds (sooner after a change)."""
+        while True:
+            now = time.monotonic()
+            for name in [n for n, due in self._due.items() if due <= now]:
+                body = self._registries.get(name)
+                self._due[name] = now + self.settings.registry_probe
+                if body is not None:
+                    await self.probe_registry(parse_registry(name, body.get("spec") or {}), body)
+            self._wake.clear()
+            wait = min((d - time.monotonic() for d in self._due.values()), default=self.settings.registry_probe)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.5, wait))
+
+    async def probe_registry(self, registry: RegistrySpec, body: dict[str, Any]) -> None:
+        """Ready when the registry's API answers; how many subjects it serves."""
+        previous, generation = dict(body.get("status") or {}), int(body["metadata"].get("generation", 0))
+        status: dict[str, Any] = {"url": registry.url, "observedGeneration": generation}
+        try:
+            subjects = await self.client(registry).subjects()
+            status["subjects"] = len(subjects)
+            status["compatibility"] = await self.client(registry).global_compatibility()
+            conds: list[Condition] = conditions.ready("Reachable", f"the registry answers at {registry.url}")
+        except (RegistryUnreachable, RegistryError) as exc:
+            conds = conditions.waiting("Unreachable", str(exc))
+        status["conditions"] = conditions.merge(previous.get("conditions"), conds, generation, format_time(utcnow()))
+        if status != previous:
+            try:
+                await self.kube.replace_cluster_status(REGISTRIES, registry.name, status, previous)
+                self._registries.setdefault(registry.name, body)["status"] = status
+            except Exception as exc:
+                log.warning("cannot write SchemaRegistry status: %s", describe(exc), extra={"registry": registry.name})

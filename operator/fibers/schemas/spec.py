@@ -1,0 +1,94 @@
+"""Reading Schema resources, and who owns a subject (pure: no I/O). SchemaRegistries: `fibers.registries`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fibers.registries import PLURAL as REGISTRIES
+from fibers.registries import RegistryNotChosen, RegistrySpec, choose_registry, parse_registry
+
+__all__ = [
+    "REGISTRIES",
+    "Claim",
+    "RegistryNotChosen",
+    "RegistrySpec",
+    "SchemaSpec",
+    "choose_registry",
+    "owner",
+    "parse_registry",
+    "parse_schema",
+]
+
+PLURAL = "schemas"
+KIND = "Schema"
+
+SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
+COMPATIBILITY_LEVELS = (
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Another subject's version that this schema refers to by name (a named Avro type, an import)."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
+class SchemaSpec:
+    registry: str | None  # a SchemaRegistry name; None: the default one
+    subject: str
+    schema_type: str
+    schema: str
+    compatibility: str | None  # the subject's level; None: leave the registry's as it is
+    references: tuple[Reference, ...]
+    delete_subject: bool  # deletionPolicy Delete: soft-delete the subject with the resource
+    adopt: bool  # take over a subject that already has versions registered outside Fibers
+
+    def payload(self) -> dict[str, Any]:
+        """The body of the Confluent API's register, lookup and compatibility calls."""
+        body: dict[str, Any] = {"schema": self.schema, "schemaType": self.schema_type}
+        if self.references:
+            body["references"] = [{"name": r.name, "subject": r.subject, "version": r.version} for r in self.references]
+        return body
+
+
+def parse_schema(spec: Mapping[str, Any]) -> SchemaSpec:
+    """The CRD has validated the shape; this only gives it types and defaults."""
+    return SchemaSpec(
+        registry=spec.get("registry") or None,
+        subject=spec["subject"],
+        schema_type=spec.get("schemaType", "AVRO"),
+        schema=spec["schema"],
+        compatibility=spec.get("compatibility") or None,
+        references=tuple(Reference(r["name"], r["subject"], int(r["version"])) for r in spec.get("references") or []),
+        delete_subject=spec.get("deletionPolicy", "Retain") == "Delete",
+        adopt=bool(spec.get("adopt", False)),
+    )
+
+
+@dataclass(frozen=True, order=True)
+class Claim:
+    """A Schema resource's hold on a subject: the oldest one owns it, later ones are refused."""
+
+    created: str  # metadata.creationTimestamp (RFC 3339, so it sorts as text)
+    namespace: str
+    name: str
+    registry: str | None  # as the resource says it (None: the default)
+
+
+def owner(claims: Iterable[Claim], registry: str, resolve: Mapping[str | None, str]) -> Claim | None:
+    """The oldest claim on the subject among those that resolve to `registry` (resolve maps None to the default)."""
+    same = [c for c in claims if resolve.get(c.registry, c.registry) == registry]
+    return min(same, default=None)

@@ -1,0 +1,156 @@
+"""Schema resources against the real kube-apiserver and the stack's real Apicurio registry (ccompat API)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from fibers_stack import StackInfo
+from tests.helpers import Resources, wait_for
+from tests.integration.conftest import OperatorProcess
+
+pytestmark = pytest.mark.schemas
+
+
+def avro(*fields: dict[str, Any], name: str = "Order") -> str:
+    return json.dumps({"type": "record", "name": name, "namespace": "fibers.test", "fields": list(fields)})
+
+
+ID = {"name": "id", "type": "long"}
+ITEM = {"name": "item", "type": "string"}
+QTY_DEFAULT = {"name": "qty", "type": "int", "default": 1}  # a new field with a default: BACKWARD-compatible
+QTY_REQUIRED = {"name": "qty", "type": "int"}  # without one: not BACKWARD-compatible
+
+
+@pytest.fixture(scope="module")
+def schemas(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    return Resources(kube, "schemas", namespace)
+
+
+@pytest.fixture(scope="module")
+def registry(stack_info: StackInfo) -> Iterator[httpx.Client]:
+    """The registry itself, to check what the operator did and to act as someone outside Fibers."""
+    headers = {"Content-Type": "application/vnd.schemaregistry.v1+json"}
+    with httpx.Client(base_url=stack_info.registry_url + "/apis/ccompat/v7", timeout=30, headers=headers) as http:
+        yield http
+
+
+def versions(registry: httpx.Client, subject: str) -> list[int]:
+    reply = registry.get(f"/subjects/{subject}/versions")
+    return sorted(reply.json()) if reply.status_code == 200 else []
+
+
+def test_schema_registries_are_probed_and_carry_no_finalizer(
+    kube: ApiClient, schema_registry: str, operator: OperatorProcess
+) -> None:
+    """The operator only watches a platform team's SchemaRegistry: one it cannot delete after an uninstall
+    would be a trap (helm uninstall, then install, left the chart's registry deleted)."""
+    custom = client.CustomObjectsApi(kube)
+
+    def ready() -> dict[str, Any] | None:
+        body: dict[str, Any] = custom.get_cluster_custom_object(
+            "fibers.dev", "v1alpha1", "schemaregistries", schema_registry
+        )
+        cond = next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {})
+        return body if cond.get("status") == "True" else None
+
+    body = wait_for(ready, timeout=60, what="SchemaRegistry Ready")
+    assert not body["metadata"].get("finalizers")
+    assert not any(k.startswith("kopf") for k in body["metadata"].get("annotations") or {})
+    assert body["status"]["subjects"] >= 0 and body["status"]["compatibility"]
+
+
+def test_register_evolve_refuse_and_list(schemas: Resources, registry: httpx.Client, unique: str) -> None:
+    subject = f"{unique}-value"
+    schemas.create(unique, {"subject": subject, "schema": avro(ID, ITEM), "compatibility": "BACKWARD"})
+    schemas.wait_condition(unique, "True", "Registered")
+    first = schemas.status(unique)
+    assert (first["subject"], first["version"], first["versions"], first["compatibility"]) == (
+        subject,
+        1,
+        [1],
+        "BACKWARD",
+    )
+    assert registry.get(f"/subjects/{subject}/versions/1").json()["id"] == first["id"]
+    assert registry.get(f"/config/{subject}").json()["compatibilityLevel"] == "BACKWARD"
+
+    # A compatible change becomes version 2; version 1 stays.
+    schemas.patch(unique, {"spec": {"schema": avro(ID, ITEM, QTY_DEFAULT)}})
+    second = schemas.wait_status(unique, lambda s: s.get("version") == 2, what="version 2 registered")
+    assert second["versions"] == [1, 2] and second["id"] != first["id"]
+    assert second["registeredVersions"] == [1, 2]
+    assert versions(registry, subject) == [1, 2]
+    schemas.wait_event(unique, "Registered")
+
+    # An incompatible change is refused with the registry's reason, and nothing is registered.
+    schemas.patch(unique, {"spec": {"schema": avro(ID, ITEM, QTY_DEFAULT, {"name": "note", "type": "string"})}})
+    refused = schemas.wait_condition(unique, "False", "Incompatible")
+    assert "nothing was registered" in refused["message"] and "BACKWARD" in refused["message"]
+    assert schemas.condition(unique, "Stalled")["status"] == "True"
+    assert versions(registry, subject) == [1, 2]
+    assert schemas.status(unique)["version"] == 2  # what is registered is still reported
+
+    # Back to a compatible schema: Ready again, still two versions.
+    schemas.patch(unique, {"spec": {"schema": avro(ID, ITEM, QTY_DEFAULT)}})
+    schemas.wait_condition(unique, "True", "Registered")
+    assert versions(registry, subject) == [1, 2]
+
+
+def test_retained_on_delete_by_default_and_soft_deleted_on_request(
+    schemas: Resources, registry: httpx.Client, unique: str
+) -> None:
+    kept, dropped = f"{unique}-kept", f"{unique}-dropped"
+    schemas.create(f"{unique}-a", {"subject": kept, "schema": avro(ID)})
+    schemas.create(f"{unique}-b", {"subject": dropped, "schema": avro(ID), "deletionPolicy": "Delete"})
+    schemas.wait_condition(f"{unique}-a", "True", "Registered")
+    schemas.wait_condition(f"{unique}-b", "True", "Registered")
+    schemas.delete(f"{unique}-a")
+    schemas.delete(f"{unique}-b")
+    wait_for(lambda: not schemas.exists(f"{unique}-a") and not schemas.exists(f"{unique}-b"), timeout=60, what="gone")
+    assert versions(registry, kept) == [1]
+    assert versions(registry, dropped) == []
+    assert dropped in registry.get("/subjects", params={"deleted": "true"}).json()  # soft: still there, deleted
+
+
+def test_subjects_registered_outside_fibers_are_left_alone(
+    schemas: Resources, registry: httpx.Client, unique: str
+) -> None:
+    subject = f"{unique}-value"
+    assert registry.post(f"/subjects/{subject}/versions", json={"schema": avro(ID)}).status_code == 200
+    schemas.create(unique, {"subject": subject, "schema": avro(ID, QTY_DEFAULT), "deletionPolicy": "Delete"})
+    cond = schemas.wait_condition(unique, "False", "SubjectExists")
+    assert "spec.adopt" in cond["message"]
+    assert versions(registry, subject) == [1]
+    schemas.delete(unique)
+    wait_for(lambda: not schemas.exists(unique), timeout=60, what="gone")
+    assert versions(registry, subject) == [1]  # Delete never touches a subject it did not manage
+
+    adopted = f"{unique}-adopt"
+    schemas.create(adopted, {"subject": subject, "schema": avro(ID, QTY_DEFAULT), "adopt": True})
+    schemas.wait_condition(adopted, "True", "Registered")
+    assert versions(registry, subject) == [1, 2]
+
+
+def test_a_subject_belongs_to_one_resource(schemas: Resources, registry: httpx.Client, unique: str) -> None:
+    subject = f"{unique}-value"
+    schemas.create(f"{unique}-first", {"subject": subject, "schema": avro(ID)})
+    schemas.wait_condition(f"{unique}-first", "True", "Registered")
+    schemas.create(f"{unique}-second", {"subject": subject, "schema": avro(ID, QTY_DEFAULT)})
+    cond = schemas.wait_condition(f"{unique}-second", "False", "SubjectOwned")
+    assert f"{schemas.namespace}/{unique}-first" in cond["message"]
+    assert versions(registry, subject) == [1]
+
+
+def test_drift_is_reported(schemas: Resources, registry: httpx.Client, unique: str) -> None:
+    subject = f"{unique}-value"
+    schemas.create(unique, {"subject": subject, "schema": avro(ID), "compatibility": "NONE"})
+    schemas.wait_condition(unique, "True", "Registered")
+    assert registry.post(f"/subjects/{subject}/versions", json={"schema": avro(ITEM)}).status_code == 200
+    cond = schemas.wait_condition(unique, "False", "Drifted", timeout=30)
+    assert "latest version" in cond["message"] and "is 2" in cond["message"]

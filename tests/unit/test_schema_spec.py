@@ -1,0 +1,70 @@
+"""Schema and SchemaRegistry: reading the resources, choosing the registry, and who owns a subject."""
+
+from __future__ import annotations
+
+import pytest
+
+from fibers.schemas.spec import Claim, RegistryNotChosen, RegistrySpec, choose_registry, owner, parse_schema
+
+A = RegistrySpec("a", "http://a/apis/ccompat/v7", default=False)
+B = RegistrySpec("b", "http://b", default=True)
+
+
+def test_parse_schema_defaults_and_payload() -> None:
+    spec = parse_schema({"subject": "orders-value", "schema": '{"type": "string"}'})
+    assert (spec.registry, spec.schema_type, spec.compatibility, spec.delete_subject, spec.adopt) == (
+        None,
+        "AVRO",
+        None,
+        False,
+        False,
+    )
+    assert spec.payload() == {"schema": '{"type": "string"}', "schemaType": "AVRO"}
+
+
+def test_payload_carries_references() -> None:
+    spec = parse_schema(
+        {
+            "subject": "s",
+            "schema": "x",
+            "schemaType": "PROTOBUF",
+            "deletionPolicy": "Delete",
+            "references": [{"name": "common.proto", "subject": "common", "version": 2}],
+        }
+    )
+    assert spec.delete_subject
+    assert spec.payload()["references"] == [{"name": "common.proto", "subject": "common", "version": 2}]
+
+
+def test_registry_named_by_the_schema_wins() -> None:
+    assert choose_registry("a", [A, B], "b") == A
+
+
+def test_operator_default_before_the_marked_one() -> None:
+    assert choose_registry(None, [A, B], "a") == A
+    assert choose_registry(None, [A, B], None) == B
+
+
+@pytest.mark.parametrize(
+    ("requested", "registries", "default", "words"),
+    [
+        ("c", [A, B], None, "'c' (spec.registry) does not exist"),
+        (None, [A], None, "no SchemaRegistry is marked default"),
+        (None, [A, B, RegistrySpec("c", "http://c", True)], None, "several SchemaRegistries are marked default"),
+        (None, [A], "gone", "default SchemaRegistry 'gone' does not exist"),
+    ],
+)
+def test_no_registry_says_why(
+    requested: str | None, registries: list[RegistrySpec], default: str | None, words: str
+) -> None:
+    with pytest.raises(RegistryNotChosen, match=words.replace("(", r"\(").replace(")", r"\)")):
+        choose_registry(requested, registries, default)
+
+
+def test_oldest_claim_on_the_same_registry_owns_the_subject() -> None:
+    first = Claim("2026-01-01T00:00:00Z", "team-a", "orders", "b")
+    later = Claim("2026-02-01T00:00:00Z", "team-b", "orders", None)  # the default: b
+    elsewhere = Claim("2025-01-01T00:00:00Z", "team-c", "orders", "a")  # same subject, another registry
+    assert owner([later, first, elsewhere], "b", {None: "b"}) == first
+    assert owner([later, elsewhere], "b", {None: "b"}) == later
+    assert owner([later], "a", {None: "b"}) is None
