@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException
@@ -176,3 +177,49 @@ def debezium_spec(postgres_dsn: str, *, table: str, prefix: str, **extra: Any) -
         **extra.pop("config", {}),
     }
     return {"class": "io.debezium.connector.postgresql.PostgresConnector", "config": config, **extra}
+
+
+def drop_slot(postgres_dsn: str, slot: str) -> None:
+    """Drop a replication slot once its connector's task has let go of it (a moment after the delete)."""
+    import psycopg
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as pg:
+        query = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active"
+        wait_for(lambda: pg.execute(query, (slot,)).fetchone() == (0,), timeout=30, what=f"slot {slot} released")
+        pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+@contextmanager
+def debezium_connect(
+    kube: Any, namespace: str, stack: Any, *, name: str, table: str, prefix: str, config: dict[str, Any]
+) -> Iterator[str]:
+    """A Debezium Connect resource streaming `table` (slot `prefix`); yields its topic once the snapshot made it.
+    On exit the resource is deleted and the slot dropped."""
+    from confluent_kafka.admin import AdminClient
+
+    connects = Resources(kube, "connects", namespace)
+    connects.create(name, debezium_spec(stack.postgres_dsn, table=table, prefix=prefix, config=config))
+    connects.wait_condition(name, "True", "Running", timeout=120)
+    topic = f"{prefix}.public.{table}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    wait_for(lambda: topic in admin.list_topics(timeout=10).topics, timeout=60, what=f"{topic} created by the snapshot")
+    try:
+        yield topic
+    finally:
+        connects.delete(name)
+        wait_for(lambda: not connects.exists(name), timeout=60, what="connector deleted")
+        drop_slot(stack.postgres_dsn, prefix)
+
+
+def avro_converter(registry_url: str) -> dict[str, str]:
+    """Apicurio's AvroConverter writing the Confluent framing with the ids the ccompat API serves."""
+    prefix = "value.converter"
+    return {
+        prefix: "io.apicurio.registry.utils.converter.AvroConverter",
+        f"{prefix}.apicurio.registry.url": f"{registry_url}/apis/registry/v2",
+        f"{prefix}.apicurio.registry.auto-register": "true",
+        f"{prefix}.apicurio.registry.find-latest": "true",
+        f"{prefix}.apicurio.registry.as-confluent": "true",
+        f"{prefix}.apicurio.registry.use-id": "contentId",
+        f"{prefix}.apicurio.registry.headers.enabled": "false",
+    }

@@ -8,30 +8,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers.wire import AvroDecoder, Registry
 from fibers_stack import StackInfo
-from tests.helpers import Resources, debezium_spec, read_topic, wait_for
+from tests.helpers import Resources, avro_converter, debezium_connect, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.schemas
-
-
-def avro_converter(registry_url: str) -> dict[str, str]:
-    """Apicurio's AvroConverter writing the Confluent framing with the ids the ccompat API serves."""
-    prefix = "value.converter"
-    return {
-        prefix: "io.apicurio.registry.utils.converter.AvroConverter",
-        f"{prefix}.apicurio.registry.url": f"{registry_url}/apis/registry/v2",
-        f"{prefix}.apicurio.registry.auto-register": "true",
-        f"{prefix}.apicurio.registry.find-latest": "true",
-        f"{prefix}.apicurio.registry.as-confluent": "true",
-        f"{prefix}.apicurio.registry.use-id": "contentId",
-        f"{prefix}.apicurio.registry.headers.enabled": "false",
-    }
 
 
 @pytest.fixture(scope="module")
@@ -51,35 +36,11 @@ def avro_cdc(
         pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, item text, qty int)")
         for i in range(4):
             pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (i, f"seed{i}", i + 1))
-    connects = Resources(kube, "connects", namespace)
     prefix = f"avro{namespace.replace('-', '')}"
     name = f"avro-cdc-{namespace}"
-    spec = debezium_spec(
-        stack_info.postgres_dsn, table=table, prefix=prefix, config=avro_converter(stack_info.registry_url)
-    )
-    connects.create(name, spec)
-    connects.wait_condition(name, "True", "Running", timeout=120)
-    topic = f"{prefix}.public.{table}"
-    wait_for(
-        lambda: topic in AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap}).list_topics(timeout=10).topics,
-        timeout=60,
-        what="Avro CDC topic created by the snapshot",
-    )
-    yield {"table": table, "topic": topic, "connect": name}
-    connects.delete(name)
-    wait_for(lambda: not connects.exists(name), timeout=60, what="connector deleted")
-    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
-        wait_for(
-            lambda: (
-                pg.execute(
-                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (prefix,)
-                ).fetchone()
-                == (0,)
-            ),
-            timeout=30,
-            what="slot released",
-        )
-        pg.execute("SELECT pg_drop_replication_slot(%s)", (prefix,))
+    config = avro_converter(stack_info.registry_url)
+    with debezium_connect(kube, namespace, stack_info, name=name, table=table, prefix=prefix, config=config) as topic:
+        yield {"table": table, "topic": topic, "connect": name}
 
 
 def test_debezium_writes_avro_that_decodes_through_the_registry(

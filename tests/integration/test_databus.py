@@ -30,7 +30,7 @@ from pymongo import MongoClient
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
 from fibers_stack import StackInfo, node
-from tests.helpers import Resources, debezium_spec, produce, wait_for
+from tests.helpers import Resources, debezium_connect, produce, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.databus
@@ -81,37 +81,13 @@ def cdc(kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: 
         pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, item text, qty int)")
         for i in range(5):
             pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (i, f"seed{i}", i))
-    connects = Resources(kube, "connects", namespace)
     prefix = f"cdc{namespace.replace('-', '')}"
     connector = f"orders-cdc-{namespace}"  # connector names are per Connect cluster, not per namespace
-    connects.create(
-        connector,
-        debezium_spec(
-            stack_info.postgres_dsn, table=table, prefix=prefix, config={"provide.transaction.metadata": "true"}
-        ),
-    )
-    connects.wait_condition(connector, "True", "Running", timeout=120)
-    topic = f"{prefix}.public.{table}"
-    wait_for(
-        lambda: topic in AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap}).list_topics(timeout=10).topics,
-        timeout=60,
-        what="CDC topic created by the snapshot",
-    )
-    yield {"table": table, "topic": topic, "slot": prefix}
-    connects.delete(connector)
-    wait_for(lambda: not connects.exists(connector), timeout=60, what="connector deleted")
-    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
-        wait_for(
-            lambda: (
-                pg.execute(
-                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (prefix,)
-                ).fetchone()
-                == (0,)
-            ),
-            timeout=30,
-            what="slot released",
-        )
-        pg.execute("SELECT pg_drop_replication_slot(%s)", (prefix,))
+    config = {"provide.transaction.metadata": "true"}
+    with debezium_connect(
+        kube, namespace, stack_info, name=connector, table=table, prefix=prefix, config=config
+    ) as topic:
+        yield {"table": table, "topic": topic, "slot": prefix}
 
 
 def mongo_sink(secret: str, db: str, collection: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo
-from tests.helpers import read_topic, wait_for
+from tests.helpers import avro_converter, drop_slot, read_topic, wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -198,17 +198,7 @@ def test_debezium_postgres_change_event(
         assert int(event["source"]["lsn"]) > 0
     finally:
         connect_http.delete(f"/connectors/{unique}")
-        wait_for(
-            lambda: (
-                pg.execute(
-                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (unique,)
-                ).fetchone()
-                == (0,)
-            ),
-            timeout=30,
-            what="slot released",
-        )
-        pg.execute("SELECT pg_drop_replication_slot(%s)", (unique,))
+        drop_slot(stack_info.postgres_dsn, unique)
 
 
 def test_apicurio_registers_and_looks_up_a_schema_through_the_confluent_api(stack_info: StackInfo, unique: str) -> None:
@@ -229,7 +219,6 @@ def test_apicurio_avro_converter_writes_confluent_framed_records(
     """Connect's Apicurio converter, set up Confluent-style: magic byte 0, then the ccompat API's 4-byte id."""
     source = tmp_path / "in.txt"
     source.write_text("hello\n")
-    converter = "value.converter.apicurio.registry"
     response = connect_http.post(
         "/connectors",
         json={
@@ -239,12 +228,7 @@ def test_apicurio_avro_converter_writes_confluent_framed_records(
                 "tasks.max": "1",
                 "file": str(source),
                 "topic": unique,
-                "value.converter": "io.apicurio.registry.utils.converter.AvroConverter",
-                f"{converter}.url": stack_info.registry_url,
-                f"{converter}.auto-register": "true",
-                f"{converter}.as-confluent": "true",
-                f"{converter}.use-id": "contentId",
-                f"{converter}.headers.enabled": "false",
+                **avro_converter(stack_info.registry_url),
             },
         },
     )
