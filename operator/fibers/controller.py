@@ -35,6 +35,8 @@ def settings_from_env() -> SyncSettings:
         interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", "10")),
         fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "0.25")),
         default_cluster=os.environ.get("FIBERS_CONNECT_DEFAULT_CLUSTER") or None,
+        lineage=lineage_from(transform_defaults_from_env()),
+        kafka_bootstrap=os.environ.get("FIBERS_KAFKA_BOOTSTRAP") or None,
     )
 
 
@@ -44,6 +46,14 @@ def cluster_settings_from_env() -> ClusterSettings:
 
 def schema_settings_from_env() -> SchemaSettings:
     return SchemaSettings(resync=float(os.environ.get("FIBERS_SCHEMA_RESYNC", str(SchemaSettings.resync))))
+
+
+def lineage_from(defaults: Defaults) -> dict[str, str] | None:
+    """Where consumers send OpenLineage events (Transforms get the same through their Defaults)."""
+    bootstrap = defaults.lineage_bootstrap or defaults.kafka_bootstrap
+    if not (defaults.lineage_topic and bootstrap):
+        return None
+    return {"topic": defaults.lineage_topic, "bootstrapServers": bootstrap, "namespace": defaults.lineage_namespace}
 
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -61,6 +71,9 @@ def transform_defaults_from_env() -> Defaults:
         # Set and empty: no CPU request of Fibers' own (Spark then requests `cores` whole CPUs).
         core_request=os.environ.get("FIBERS_SPARK_CORE_REQUEST", Defaults.core_request) or None,
         schema_registry=os.environ.get("FIBERS_SCHEMA_REGISTRY_DEFAULT") or None,
+        lineage_topic=os.environ.get("FIBERS_LINEAGE_TOPIC") or None,
+        lineage_bootstrap=os.environ.get("FIBERS_LINEAGE_BOOTSTRAP") or None,
+        lineage_namespace=os.environ.get("FIBERS_LINEAGE_NAMESPACE") or Defaults.lineage_namespace,
     )
 
 
@@ -101,6 +114,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         service_account=defaults.service_account,
         image_pull_policy=defaults.image_pull_policy,
         schema_registry=defaults.schema_registry,
+        lineage=lineage_from(defaults),
     )
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
 

@@ -46,6 +46,7 @@ PLURALS = {
     "Schema": "schemas",
 }
 REPORT_TOPIC = "shop.orders-report-avro"  # examples/05-transform-orders-report.yaml, Avro under the Schema of 07
+LINEAGE_TOPIC = "shop.lineage"  # the chart's lineage.topic; examples/08 keeps its events in MongoDB shop.lineage
 
 
 class Screen:
@@ -166,6 +167,15 @@ def _delete_subjects(info: StackInfo) -> None:
                 registry.delete(f"/subjects/{subject}", params={"permanent": "true"})
 
 
+def _create_topic(info: StackInfo, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
+        future.result()
+
+
 def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:
     """Delete the demo's Fibers resources and wait for the operator to finish them (connector deleted).
 
@@ -222,6 +232,7 @@ def _install(api: client.ApiClient, info: StackInfo) -> None:
         NAMESPACE,
         client.V1Secret(metadata=client.V1ObjectMeta(name="shop-mongo"), string_data={"uri": info.mongodb_uri}),
     )
+    _create_topic(info, LINEAGE_TOPIC)  # as a platform team would, before anything reads or writes it
     # Where Apicurio's converter in Kafka Connect reaches the registry (examples/06).
     core.create_namespaced_secret(
         NAMESPACE,
@@ -240,6 +251,7 @@ def _install_operator(info: StackInfo) -> None:
         "watch": {"namespaces": [NAMESPACE]},
         "connect": {"url": info.connect_url},
         "schemaRegistry": {"url": info.registry_url + CCOMPAT},
+        "lineage": {"topic": LINEAGE_TOPIC},
         "kafka": {"bootstrap": info.kafka_bootstrap},
         "jobs": {
             "image": {
@@ -391,7 +403,28 @@ def _converged(resources: dict[str, dict[str, Any]]) -> bool:
         and lag_done
         and ready("DatabusConsumer/orders-store")
         and ready("DatabusConsumer/orders-view")
+        and ready("DatabusConsumer/lineage-history")
         and ready("Transform/orders-report", "Succeeded")
+    )
+
+
+def _report_lineage(mongo: MongoClient[dict[str, Any]]) -> dict[str, Any] | None:
+    """The COMPLETE event of the report's run, as the lineage-history consumer stored it."""
+    return mongo["shop"]["lineage"].find_one({"job.name": "shop.transform.orders-report", "eventType": "COMPLETE"})
+
+
+def _describe_lineage(event: dict[str, Any]) -> str:
+    def datasets(key: str, facet: str) -> str:
+        found = []
+        for d in event.get(key) or []:
+            rows = ((d.get(facet) or {}).get(facet.removesuffix("Facets") + "Statistics") or {}).get("rowCount")
+            found.append(f"{d['name']}" + (f" ({rows} rows)" if rows is not None else ""))
+        return ", ".join(found)
+
+    ingestion = (event.get("run") or {}).get("facets", {}).get("fibers_ingestion") or {}
+    return (
+        f"run {event['run']['runId'][:8]}… read {datasets('inputs', 'inputFacets')} → wrote "
+        f"{datasets('outputs', 'outputFacets')}; rows in {ingestion.get('rowsIn')}, out {ingestion.get('rowsOut')}"
     )
 
 
@@ -459,11 +492,14 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     view = {d["_id"]: [d["item"], d["qty"], d["price"]] for d in mongo["shop"]["orders"].find()}
     same = table == view
     rows = _read_report(info)
+    _wait(lambda: _report_lineage(mongo) is not None, 120, "the report's lineage in MongoDB", refresh)
+    lineage = cast(dict[str, Any], _report_lineage(mongo))
     screen.step(
         f"MongoDB view shop.orders vs PostgreSQL table orders: {len(view)} vs {len(table)} rows — "
         + ("identical ✓" if same else "DIFFERENT ✗")
     )
     screen.step(f"batch report, Avro in {REPORT_TOPIC} via the schema registry (JSON in shop.orders-report): {rows}")
+    screen.step(f"lineage of the report (OpenLineage events in MongoDB shop.lineage): {_describe_lineage(lineage)}")
     print(
         f"""
 Done in {time.monotonic() - started:.0f}s. The stack keeps running; explore it:

@@ -7,6 +7,7 @@ in its plugin path (each in a plugin directory of its own).
 from __future__ import annotations
 
 import base64
+import ssl
 import subprocess
 import uuid
 from pathlib import Path
@@ -92,7 +93,7 @@ def _rest_tls(home: Path) -> tuple[Path, Path]:
 
 
 def _tls_ready(url: str, ca: Path) -> bool:
-    return httpx.get(f"{url}/", timeout=2, verify=str(ca)).status_code == 200
+    return httpx.get(f"{url}/", timeout=2, verify=ssl.create_default_context(cafile=str(ca))).status_code == 200
 
 
 def start(launcher: Launcher) -> dict[str, str]:

@@ -45,6 +45,9 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     # The report read the Avro topic through the registry and wrote Avro rows the demo decoded back.
     report = result.stdout.split("batch report, Avro in shop.orders-report-avro", 1)[1].splitlines()[0]
     assert "{'op': 'c', 'events':" in report and "{'op': 'r', 'events': 20," in report
+    # Its lineage, from the OpenLineage events a DatabusConsumer kept in MongoDB: the Avro topic in, both topics out.
+    lineage = result.stdout.split("lineage of the report", 1)[1].splitlines()[0]
+    assert "read shop.avro.public.orders (" in lineage and "shop.orders-report-avro (4 rows)" in lineage
 
     custom = client.CustomObjectsApi(kube)
     phases: dict[str, Any] = {}
@@ -58,6 +61,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
         "orders-report": "Succeeded",
         "orders-store": "Running",
         "orders-view": "Running",
+        "lineage-history": "Running",
     }
 
     with psycopg.connect(stack_info.postgres_dsn) as pg:

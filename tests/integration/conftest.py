@@ -128,11 +128,18 @@ class OperatorProcess:
 
 
 @pytest.fixture(scope="module")
+def operator_env() -> dict[str, str]:
+    """More environment for this module's operator (a module overrides this fixture to turn features on)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def operator(
     stack_info: StackInfo,
     namespace: str,
     connect_cluster: str,
     schema_registry: str,
+    operator_env: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     log_file = tmp_path_factory.mktemp("operator") / "operator.log"
@@ -144,6 +151,7 @@ def operator(
         "FIBERS_CONNECT_SYNC_INTERVAL": "2",
         "FIBERS_CONNECT_FAST_INTERVAL": "0.5",
         "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,
+        **operator_env,
     }
     op = OperatorProcess(stack_info, namespace, log_file, env)
     op.start()

@@ -501,3 +501,19 @@ def test_the_example_transforms_fit_both_crds() -> None:
         )
         app = sparkapp.build(body, run="r-1", job=job, trigger="create", defaults=Defaults())
         assert schema_errors(app, spark_schema) == [], example["metadata"]["name"]
+
+
+def test_lineage_reaches_the_job_only_when_the_operator_has_a_topic() -> None:
+    body = transform()
+    args = {"name": "orders-report", "namespace": "shop", "run": "r-1", "connect_topics": {}, "run_id": "u-1"}
+    plain = render_job(body["spec"], defaults=Defaults(kafka_bootstrap="kafka:9092"), **args)
+    assert "lineage" not in plain
+    on = Defaults(kafka_bootstrap="kafka:9092", lineage_topic="lin", lineage_namespace="prod")
+    job = render_job(body["spec"], defaults=on, **args)
+    assert job["lineage"] == {
+        "topic": "lin",
+        "bootstrapServers": "kafka:9092",
+        "namespace": "prod",
+        "job": "shop.transform.orders-report",
+        "runId": "u-1",
+    }

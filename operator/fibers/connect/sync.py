@@ -37,6 +37,7 @@ from fibers.api import (
 )
 from fibers.conditions import READY, Condition, format_time, utcnow
 from fibers.connect import clusters, offsets, reconcile, validation
+from fibers.connect.lineage import ConnectLineage
 from fibers.connect.reconcile import OFFSET_STEPS, Outcome, Step, Target
 from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
@@ -116,6 +117,8 @@ class SyncSettings:
     topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
     topic_refreshes_converging: int = 64  # the same while connectors converge (topic look-ups are cheap)
     default_cluster: str | None = None  # the ConnectCluster of Connects without spec.cluster (chart value)
+    lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace} of OpenLineage events; None: off
+    kafka_bootstrap: str | None = None  # the connectors' Kafka, to name their topics in lineage events
 
 
 class ConnectSync:
@@ -123,6 +126,7 @@ class ConnectSync:
         self.kube = kube
         self.settings = settings
         self.clusters = clusters
+        self.lineage = ConnectLineage(settings.lineage, settings.kafka_bootstrap)
         clusters.on_change = self._clusters_changed
         self.targets: dict[tuple[str, str], Target] = {}
         self._replace_due = False  # a ConnectCluster or a namespace's labels changed: place every resource again
@@ -287,6 +291,7 @@ class ConnectSync:
                     assert target.spec is not None
                     await self._delete_connector(self.clusters.client(target.cluster), target.spec.connector)
                     log.info("connector deleted", extra={**ctx, "connector": target.spec.connector})
+                    self.lineage.deleted(target)
                 if CONNECT_FINALIZER in target.finalizers:
                     await self.kube.remove_finalizer(PLURAL, target.namespace, target.name, CONNECT_FINALIZER)
                 return
@@ -792,6 +797,7 @@ class ConnectSync:
         target.status = status
         self._written[target.key] = time.monotonic()
         if (before.get("status"), before.get("reason")) != (after.get("status"), after.get("reason")):
+            self.lineage.ready_changed(target, before, after)
             ctx = {"namespace": target.namespace, "resource": target.name, "reason": after.get("reason")}
             if after.get("status") == "True":
                 log.info("ready", extra=ctx)

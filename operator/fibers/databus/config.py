@@ -25,6 +25,7 @@ class ConsumerConfig:
     max_window_events: int = 5000
     labels: dict[str, str] = field(default_factory=dict)
     registry_url: str | None = None  # values are Avro in the registry's wire format (spec.relay.avro)
+    lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace, job}: OpenLineage events go there
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConsumerConfig:
@@ -46,6 +47,7 @@ class ConsumerConfig:
             retry_backoff=float(callback.get("retryBackoffSeconds", 1)),
             labels=dict(data.get("labels") or {}),
             registry_url=(relay.get("avro") or {}).get("registryUrl"),
+            lineage=data.get("lineage"),
         )
 
     def owns(self, partition: int) -> bool:

@@ -26,10 +26,12 @@ def render_config(
     kafka_bootstrap: str | None,
     start_position: str | None = None,
     registry_url: str | None = None,
+    lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON `fibers consume` runs from; secrets stay in environment variables.
 
-    `registry_url`: the schema registry of spec.relay.avro, resolved by the reconciler.
+    `registry_url`: the schema registry of spec.relay.avro, resolved by the reconciler; `lineage`: where
+    the operator sends OpenLineage events ({topic, bootstrapServers, namespace}), None when it does not.
     """
     meta, spec = body["metadata"], body["spec"]
     bootstrap_servers = (spec.get("relay") or {}).get("bootstrapServers") or kafka_bootstrap
@@ -37,7 +39,7 @@ def render_config(
         raise ValueError("spec.relay.bootstrapServers is not set and the operator has no default Kafka")
     sink = dict(spec["sink"])
     sink.pop("uriSecretRef", None)
-    if sink["type"] in ("mongodb", "bootstrap"):
+    if sink["type"] in ("mongodb", "history", "bootstrap"):
         sink["uriEnv"] = SINK_URI_ENV
     bootstrap = spec.get("bootstrap") or {}
     policy = spec.get("callbackPolicy") or {}
@@ -64,6 +66,7 @@ def render_config(
             "retryBackoffSeconds": policy.get("retryBackoffSeconds", 1),
         },
         "labels": {LABEL_CONSUMER: meta["name"], "fibers.dev/consumer-uid": meta["uid"]},
+        "lineage": {**lineage, "job": f"{meta['namespace']}.databusconsumer.{meta['name']}"} if lineage else None,
     }
 
 

@@ -41,9 +41,11 @@ class DatabusReconciler:
         service_account: str | None,
         image_pull_policy: str = "IfNotPresent",
         schema_registry: str | None = None,
+        lineage: dict[str, str] | None = None,
     ) -> None:
         self.kube = kube
         self.schema_registry = schema_registry  # the operator's default SchemaRegistry (spec.relay.avro)
+        self.lineage = lineage  # {topic, bootstrapServers, namespace} of OpenLineage events, or None
         self.apps = client.AppsV1Api(kube.api)
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
         self.image_pull_policy = image_pull_policy
@@ -104,6 +106,7 @@ class DatabusReconciler:
                     kafka_bootstrap=self.kafka_bootstrap,
                     start_position=start,
                     registry_url=registry_url,
+                    lineage=self.lineage,
                 )
                 manifest = deployments.deployment(
                     body,

@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from kubernetes import client
 from pymongo import MongoClient
 
+from fibers import lineage
 from fibers.databus import sinks
 from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
@@ -168,17 +170,48 @@ class Runtime:
         if threading.current_thread() is threading.main_thread():  # embedded runs (benchmarks) stop by flag
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        emitter = self._lineage()
+        if emitter:
+            emitter.start(*self._datasets())
         try:
             stored = self.store.load()
             self._call(self.callback.on_start_consumption)
             assignments = self._start_positions(dict(stored))
             self._consume(assignments)
-            return 0
         except ConsumerStopped as exc:
             log.error("consumer stopped: %s", exc)
+            if emitter:
+                emitter.fail(*self._datasets(), str(exc))
             return exc.code
+        except Exception as exc:
+            if emitter:
+                emitter.fail(*self._datasets(), f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             self._shutdown()
+        if emitter:
+            facet = lineage.IngestionRunFacet(kind="DatabusConsumer", rowsIn=self.events_processed)
+            emitter.complete(*self._datasets(), facet)
+        return 0
+
+    def _lineage(self) -> lineage.Emitter | None:
+        """This instance's run (one per process) in OpenLineage terms, when the operator reports lineage."""
+        raw = self.config.lineage
+        if not raw:
+            return None
+        return lineage.Emitter(lineage.Settings.from_dict({**raw, "runId": str(uuid.uuid4())}))
+
+    def _datasets(self) -> tuple[list[lineage.DatasetRef], list[lineage.DatasetRef]]:
+        bootstrap = self.config.bootstrap_servers
+        inputs = [lineage.kafka(bootstrap, t) for t in self.config.topics]
+        sink = self.config.sink
+        outputs: list[lineage.DatasetRef] = []
+        if sink["type"] in ("mongodb", "history"):
+            uri = os.environ.get(sink.get("uriEnv", ""), "")
+            outputs.append(lineage.mongodb(uri, sink["database"], sink["collection"], self.events_processed))
+        elif sink["type"] == "kafka":
+            outputs.append(lineage.kafka(bootstrap, sink["topic"], self.events_processed))
+        return inputs, outputs
 
     def _on_signal(self, *_: object) -> None:
         self.stopping = True

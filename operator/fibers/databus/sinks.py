@@ -88,6 +88,33 @@ class MongoSink(WindowSink):
         self.client.close()
 
 
+class HistorySink(WindowSink):
+    """Every event as a document of its own (a history, not a view): the record value, its key, and where it
+    was in the relay. The document id is that position (topic/partition/offset), so a replayed window
+    writes the same documents again instead of new ones."""
+
+    def __init__(self, uri_env: str, database: str, collection: str) -> None:
+        super().__init__()
+        self.client = _mongo(uri_env)
+        self.collection = self.client[database][collection]
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        from pymongo import ReplaceOne
+
+        writes = [
+            ReplaceOne(
+                {"_id": f"{e.topic}/{e.partition}/{e.offset}"},
+                {**(e.raw or {}), "_key": e.key, "_topic": e.topic, "_partition": e.partition, "_offset": e.offset},
+                upsert=True,
+            )
+            for e in events
+        ]
+        self.collection.bulk_write(writes, ordered=True)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class BootstrapStoreSink(WindowSink):
     """Fills the bootstrap store that later consumers bootstrap from."""
 
@@ -141,6 +168,8 @@ def build(sink: dict[str, Any], kafka_bootstrap: str | None) -> Callback:
     kind = sink["type"]
     if kind == "mongodb":
         return MongoSink(sink["uriEnv"], sink["database"], sink["collection"])
+    if kind == "history":
+        return HistorySink(sink["uriEnv"], sink["database"], sink["collection"])
     if kind == "bootstrap":
         return BootstrapStoreSink(sink["uriEnv"], sink["database"])
     if kind == "kafka":

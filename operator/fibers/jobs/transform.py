@@ -34,11 +34,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from fibers import logs
+from fibers import lineage, logs
 from fibers.jobs import avro
 from fibers.jobs.avro import AvroRef
 from fibers.redact import redact, truncate
@@ -148,6 +148,7 @@ class JobSpec:
     spark_conf: dict[str, str] = field(default_factory=dict)
     master: str | None = None  # None: spark-submit's (k8s://… in a driver pod), or local[*] when run bare
     result_config_map: str | None = None
+    lineage: lineage.Settings | None = None  # where OpenLineage events go (None: nowhere)
 
     @property
     def streaming(self) -> bool:
@@ -191,6 +192,7 @@ class JobSpec:
             spark_conf=_str_map(raw.get("sparkConf"), "spec.sparkConf"),
             master=_opt_str(raw, "master", "spec"),
             result_config_map=_opt_str(raw, "resultConfigMap", "spec"),
+            lineage=_parse_lineage(raw.get("lineage")),
         )
         spec.check()
         return spec
@@ -352,6 +354,15 @@ def _parse_output(raw: Any) -> Sink | None:
     return MongoSink(uri_env, database, _req_str(body, "collection", at), _opt_str(body, "idColumn", at))
 
 
+def _parse_lineage(raw: Any) -> lineage.Settings | None:
+    if raw is None:
+        return None
+    body = _obj(raw, "spec.lineage")
+    for key in ("topic", "bootstrapServers", "namespace", "job", "runId"):
+        _req_str(body, key, "spec.lineage")
+    return lineage.Settings.from_dict(body)
+
+
 def _parse_avro(raw: Any, where: str) -> AvroRef | None:
     if raw is None:
         return None
@@ -392,18 +403,26 @@ def _read(spark: SparkSession, spec: JobSpec, source: Source) -> DataFrame:
 
 def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrame:
     """Batch reads what the topics hold now (start → latest); streaming follows them from the start."""
-    options = {
+    if spec.streaming:
+        raw = spark.readStream.format("kafka").options(**_kafka_options(spec, source)).load()
+    else:
+        raw = _kafka_reader(spark, spec, source).load()
+    if source.avro is not None:
+        return avro.decode(raw, source.avro, streaming=spec.streaming)
+    return decode_kafka(raw, source.schema)
+
+
+def _kafka_options(spec: JobSpec, source: KafkaSource) -> dict[str, str]:
+    return {
         "kafka.bootstrap.servers": cast(str, spec.bootstrap_servers),
         "subscribe": ",".join(source.topics),
         "startingOffsets": source.starting_offsets,
     }
-    if spec.streaming:
-        raw = spark.readStream.format("kafka").options(**options).load()
-    else:
-        raw = spark.read.format("kafka").options(**options, endingOffsets="latest").load()
-    if source.avro is not None:
-        return avro.decode(raw, source.avro, streaming=spec.streaming)
-    return decode_kafka(raw, source.schema)
+
+
+def _kafka_reader(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrameReader:
+    """A batch read of what the topics hold when it runs (their start, or latest, up to latest)."""
+    return spark.read.format("kafka").options(**_kafka_options(spec, source), endingOffsets="latest")
 
 
 def decode_kafka(raw: DataFrame, schema: str | None) -> DataFrame:
@@ -617,6 +636,8 @@ class JobResult:
     records_out: int
     streamed_back: int | None
     seconds: float
+    rows_in: dict[str, int] | None = None  # per input (batch runs that report lineage)
+    offsets: list[dict[str, Any]] | None = None  # Kafka read: {topic, partition, first, last} each
 
     def to_dict(self) -> dict[str, int | float | None]:
         return {"recordsOut": self.records_out, "streamedBack": self.streamed_back, "seconds": round(self.seconds, 3)}
@@ -625,7 +646,8 @@ class JobResult:
 def run(spark: SparkSession, spec: JobSpec) -> JobResult:
     """One batch: the result is cached and counted once, so the writes do not run the SQL again."""
     started = time.monotonic()
-    result = transform(spark, spec, build_views(spark, spec)).cache()
+    views = build_views(spark, spec)
+    result = transform(spark, spec, views).cache()
     try:
         records = result.count()
         log.info("result computed", extra={"records": records})
@@ -633,7 +655,36 @@ def run(spark: SparkSession, spec: JobSpec) -> JobResult:
     finally:
         result.unpersist()
     streamed_back = records if spec.stream_back_topic is not None else None
-    return JobResult(records, streamed_back, time.monotonic() - started)
+    rows_in, offsets = input_statistics(spark, spec, views) if spec.lineage else (None, None)
+    return JobResult(records, streamed_back, time.monotonic() - started, rows_in, offsets)
+
+
+def input_statistics(
+    spark: SparkSession, spec: JobSpec, views: dict[str, DataFrame]
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Rows read per input, and the Kafka offsets read per partition (one more pass over each input)."""
+    rows: dict[str, int] = {}
+    offsets: list[dict[str, Any]] = []
+    for item in spec.inputs:
+        if isinstance(item.source, KafkaSource):
+            raw = _kafka_reader(spark, spec, item.source).load()
+            ranges = raw.groupBy("topic", "partition").agg(
+                F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"), F.max("offset").alias("last")
+            )
+            rows[item.name] = 0
+            for r in ranges.collect():
+                rows[item.name] += int(r["n"])
+                offsets.append(
+                    {
+                        "topic": r["topic"],
+                        "partition": int(r["partition"]),
+                        "first": int(r["first"]),
+                        "last": int(r["last"]),
+                    }
+                )
+        else:
+            rows[item.name] = views[item.name].count()
+    return rows, offsets
 
 
 def run_streaming(spark: SparkSession, spec: JobSpec, stop: threading.Event, poll_seconds: int = 1) -> JobResult:
@@ -816,8 +867,9 @@ def _secrets(spec: JobSpec) -> list[str]:
     return [value for name in spec.uri_envs() if (value := os.environ.get(name))]
 
 
-def _fail(exc: BaseException, spec: JobSpec) -> int:
-    """Exit 1 with one error line, also written to the result ConfigMap when the spec names one.
+def _fail(exc: BaseException, spec: JobSpec, emitter: lineage.Emitter | None = None) -> int:
+    """Exit 1 with one error line, also written to the result ConfigMap when the spec names one, and sent
+    in a FAIL lineage event when lineage is on.
 
     A traceback goes first when the failure is not Spark's (user code, pymongo).
     """
@@ -828,6 +880,8 @@ def _fail(exc: BaseException, spec: JobSpec) -> int:
     print(f"fibers-transform: error: {message}", file=sys.stderr, flush=True)
     if spec.result_config_map:
         write_error_config_map(cast(str, spec.namespace), spec.result_config_map, spec.name, message)
+    if emitter:
+        emitter.fail(*lineage_datasets(spec, None), message)
     return 1
 
 
@@ -882,6 +936,9 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_prepare_core_api, daemon=True).start()
     # Python workers (foreachPartition, UDFs) must run this interpreter, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    emitter = lineage.Emitter(spec.lineage) if spec.lineage else None
+    if emitter:
+        emitter.start(*lineage_datasets(spec, None))
     spark: SparkSession | None = None
     try:
         spark = session(f"fibers-{spec.run}", master=spec.master, conf=spec.spark_conf)
@@ -892,12 +949,60 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = run(spark, spec)
     except Exception as exc:
-        return _fail(exc, spec)
+        return _fail(exc, spec, emitter)
     finally:
         if spark is not None:
             spark.stop()
     publish(spec, result)
+    if emitter:
+        emitter.complete(*lineage_datasets(spec, result), ingestion(spec, result))
     return 0
+
+
+def lineage_datasets(
+    spec: JobSpec, result: JobResult | None
+) -> tuple[list[lineage.DatasetRef], list[lineage.DatasetRef]]:
+    """What the run reads and writes, as OpenLineage datasets; with row counts once it has run."""
+    bootstrap = spec.bootstrap_servers or ""
+    rows_in = (result.rows_in if result else None) or {}
+    inputs: list[lineage.DatasetRef] = []
+    for item in spec.inputs:
+        rows = rows_in.get(item.name)
+        source = item.source
+        if isinstance(source, KafkaSource):
+            single = len(source.topics) == 1
+            inputs += [lineage.kafka(bootstrap, t, rows if single else None) for t in source.topics]
+        elif isinstance(source, FilesSource):
+            inputs.append(lineage.files(source.path, rows))
+        else:
+            inputs.append(lineage.mongodb(os.environ.get(source.uri_env, ""), source.database, source.collection, rows))
+    out = result.records_out if result else None
+    outputs: list[lineage.DatasetRef] = []
+    if isinstance(spec.output, KafkaSink):
+        outputs.append(lineage.kafka(bootstrap, spec.output.topic, out))
+    elif isinstance(spec.output, FilesSink):
+        outputs.append(lineage.files(spec.output.path, out))
+    elif isinstance(spec.output, MongoSink):
+        sink = spec.output
+        outputs.append(lineage.mongodb(os.environ.get(sink.uri_env, ""), sink.database, sink.collection, out))
+    if spec.stream_back_topic is not None:
+        outputs.append(lineage.kafka(bootstrap, spec.stream_back_topic, result.streamed_back if result else None))
+    return inputs, outputs
+
+
+def ingestion(spec: JobSpec, result: JobResult) -> lineage.IngestionRunFacet:
+    """DataFibers' df_meta for one run: rows in and out, the files and Kafka offsets it read."""
+    paths = [i.source.path for i in spec.inputs if isinstance(i.source, FilesSource)]
+    if isinstance(spec.output, FilesSink):
+        paths.append(spec.output.path)
+    return lineage.IngestionRunFacet(
+        kind="Transform",
+        rowsIn=sum(result.rows_in.values()) if result.rows_in is not None else None,
+        rowsOut=result.records_out,
+        streamedBack=result.streamed_back,
+        files=paths,
+        offsets=result.offsets or [],
+    )
 
 
 if __name__ == "__main__":

@@ -160,7 +160,10 @@ class SchemaOperator:
                 body = self._registries.get(name)
                 self._due[name] = now + self.settings.registry_probe
                 if body is not None:
-                    await self.probe_registry(parse_registry(name, body.get("spec") or {}), body)
+                    try:
+                        await self.probe_registry(parse_registry(name, body.get("spec") or {}), body)
+                    except Exception as exc:  # one registry's trouble never stops the others' probes
+                        log.warning("SchemaRegistry probe failed: %s", describe(exc), extra={"registry": name})
             self._wake.clear()
             wait = min((d - time.monotonic() for d in self._due.values()), default=self.settings.registry_probe)
             with contextlib.suppress(TimeoutError):

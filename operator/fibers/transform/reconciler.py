@@ -133,6 +133,9 @@ class TransformReconciler:
         waiting = ""
         if plan.start:
             run, trigger = plan.start
+            # The submission id is also the run's OpenLineage runId (a UUID).
+            submission = current.get("submissionId") if current.get("name") == run else None
+            submission = submission or str(uuid.uuid4())
             try:
                 topics = await self._connect_topics(namespace, view.spec)
                 job = render_job(
@@ -143,6 +146,7 @@ class TransformReconciler:
                     connect_topics=topics,
                     defaults=self.defaults,
                     avro=await self._avro(namespace, view.spec, topics),
+                    run_id=submission,
                 )
             except InputsNotReady as exc:
                 waiting = str(exc)
@@ -150,7 +154,7 @@ class TransformReconciler:
                 if current.get("name") != run:
                     current = {
                         "name": run,
-                        "submissionId": str(uuid.uuid4()),
+                        "submissionId": submission,
                         "specHash": spec_hash(view.spec),
                         "trigger": trigger,
                         "submittedAt": format_time(now),

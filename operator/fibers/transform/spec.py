@@ -27,6 +27,9 @@ class Defaults:
     core_request: str | None = "200m"  # CPU request of driver and executor pods (their `cores` is Spark's parallelism)
     memory: str = "512m"  # driver and executor heap; PySpark adds at least 384 MiB of overhead to the pod
     schema_registry: str | None = None  # the SchemaRegistry of Avro inputs and outputs that name none
+    lineage_topic: str | None = None  # OpenLineage events of every run go here (None: no lineage)
+    lineage_bootstrap: str | None = None  # the Kafka of that topic (default: kafka_bootstrap)
+    lineage_namespace: str = "fibers"  # the OpenLineage job namespace
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
@@ -58,6 +61,7 @@ def render_job(
     connect_topics: dict[str, list[str]],
     defaults: Defaults,
     avro: dict[str, dict[str, Any]] | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """The JSON the job (fibers.jobs.transform) runs from. It never contains a secret value.
 
@@ -130,6 +134,15 @@ def render_job(
         job["checkpoint"] = dict(spec["checkpoint"])
     if spec.get("outputMode"):
         job["outputMode"] = spec["outputMode"]
+    lineage_bootstrap = defaults.lineage_bootstrap or defaults.kafka_bootstrap
+    if defaults.lineage_topic and lineage_bootstrap and run_id:
+        job["lineage"] = {
+            "topic": defaults.lineage_topic,
+            "bootstrapServers": lineage_bootstrap,
+            "namespace": defaults.lineage_namespace,
+            "job": f"{namespace}.transform.{name}",
+            "runId": run_id,
+        }
     if uses_kafka:
         bootstrap = (spec.get("kafka") or {}).get("bootstrapServers") or defaults.kafka_bootstrap
         if not bootstrap:

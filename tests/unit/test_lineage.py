@@ -1,0 +1,46 @@
+"""OpenLineage events as Fibers builds them (pure: nothing is sent)."""
+
+from __future__ import annotations
+
+import json
+
+from openlineage.client.event_v2 import RunState
+from openlineage.client.serde import Serde
+
+from fibers import lineage
+
+SETTINGS = lineage.Settings(
+    "lin", "kafka:9092,kafka2:9092", "fibers", "shop.transform.report", "0b9a1e6e-57a4-4b2f-9f0e-3d1c2b6b7a10"
+)
+
+
+def test_datasets_are_named_by_the_openlineage_conventions_and_carry_no_credentials() -> None:
+    assert lineage.kafka("kafka:9092,kafka2:9092", "orders") == lineage.DatasetRef("kafka://kafka:9092", "orders")
+    mongo = lineage.mongodb("mongodb://app:s3cret@mongo.db:27017/?tls=true", "shop", "orders", 5)
+    assert mongo == lineage.DatasetRef("mongodb://mongo.db:27017", "shop.orders", 5)
+    assert "s3cret" not in json.dumps(mongo.__dict__)
+
+
+def test_a_complete_event_carries_row_counts_and_the_ingestion_facet() -> None:
+    facet = lineage.IngestionRunFacet(
+        kind="Transform", rowsIn=7, rowsOut=2, offsets=[{"topic": "a.b", "partition": 0, "first": 0, "last": 6}]
+    )
+    event = lineage.build(
+        SETTINGS,
+        RunState.COMPLETE,
+        [lineage.kafka("kafka:9092", "orders", 7)],
+        [lineage.files("/data/out", 2)],
+        {"fibers_ingestion": facet},
+    )
+    body = json.loads(Serde.to_json(event))
+    assert body["eventType"] == "COMPLETE" and body["run"]["runId"] == SETTINGS.run_id
+    assert body["job"] == {"namespace": "fibers", "name": "shop.transform.report", "facets": {}}
+    assert body["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 7
+    assert body["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 2
+    ingestion = body["run"]["facets"]["fibers_ingestion"]
+    assert (ingestion["rowsIn"], ingestion["rowsOut"], ingestion["offsets"][0]["topic"]) == (7, 2, "a.b")
+    assert ingestion["_schemaURL"] == lineage.FACET_SCHEMA
+
+
+def test_settings_round_trip_through_the_rendered_spec() -> None:
+    assert lineage.Settings.from_dict(SETTINGS.to_dict()) == SETTINGS
