@@ -14,6 +14,7 @@ import json
 import struct
 import threading
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -68,7 +69,7 @@ class Registry:
         """Register an Avro schema under the subject (or find it there); its id."""
         try:
             reply = self._http.post(
-                f"/subjects/{subject}/versions",
+                f"/subjects/{quote(subject, safe='')}/versions",
                 json={"schema": schema, "schemaType": "AVRO"},
                 headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
             )
@@ -84,8 +85,9 @@ class Registry:
         """Every live version's schema of `subject` by id, and the latest one's text."""
         by_id: dict[int, str] = {}
         latest = ""
-        for version in sorted(int(v) for v in self._get(f"/subjects/{subject}/versions")):
-            found = self._get(f"/subjects/{subject}/versions/{version}")
+        path = f"/subjects/{quote(subject, safe='')}/versions"
+        for version in sorted(int(v) for v in self._get(path)):
+            found = self._get(f"{path}/{version}")
             by_id[int(found["id"])] = latest = str(found["schema"])
         with self._lock:
             self._texts.update(by_id)

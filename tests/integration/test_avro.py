@@ -3,15 +3,19 @@ reads it on real Spark pods and writes Avro back, a DatabusConsumer materialises
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import fastavro
 import psycopg
 import pytest
+from confluent_kafka import Producer
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers.wire import AvroDecoder, Registry
+from fibers.wire import HEADER, AvroDecoder, Registry
 from fibers_stack import StackInfo
 from tests.helpers import Resources, avro_converter, debezium_connect, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
@@ -100,3 +104,27 @@ def test_databus_consumer_materialises_avro_change_events(
 
     expected = {0: ("seed0", 1), 1: ("seed1", 100), 3: ("seed3", 4)}
     wait_for(lambda: rows() == expected, timeout=120, what="MongoDB equals the table, from Avro events")
+
+
+def test_a_record_the_job_cannot_decode_fails_the_run_instead_of_vanishing(
+    kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: StackInfo, decoder: AvroDecoder, unique: str
+) -> None:
+    schema = {"type": "record", "name": "Row", "fields": [{"name": "id", "type": "long"}]}
+    schema_id = decoder.registry.register(f"{unique}-value", json.dumps(schema))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), {"id": 1})
+    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
+    producer.produce(unique, value=HEADER.pack(0, schema_id) + body.getvalue())
+    producer.produce(unique, value=b'{"id": 2}')  # not framed: written without the registry
+    assert producer.flush(30) == 0
+    transforms = Resources(kube, "transforms", namespace)
+    transforms.create(
+        unique,
+        {
+            "inputs": [{"name": "rows", "kafka": {"topics": [unique], "avro": {}}}],
+            "sql": "SELECT id FROM rows",
+            "output": {"kafka": {"topic": f"{unique}-out"}},
+        },
+    )
+    cond = transforms.wait_condition(unique, "False", "RunFailed", timeout=300)
+    assert f"a record of {unique} at offset 1 is not in the schema registry's wire format" in cond["message"]

@@ -154,3 +154,20 @@ def test_drift_is_reported(schemas: Resources, registry: httpx.Client, unique: s
     assert registry.post(f"/subjects/{subject}/versions", json={"schema": avro(ITEM)}).status_code == 200
     cond = schemas.wait_condition(unique, "False", "Drifted", timeout=30)
     assert "latest version" in cond["message"] and "is 2" in cond["message"]
+
+
+@pytest.mark.parametrize(
+    ("schema_type", "text"),
+    [
+        ("JSON", json.dumps({"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]})),
+        ("PROTOBUF", 'syntax = "proto3";\npackage fibers.test;\nmessage Order {\n  int64 id = 1;\n}\n'),
+    ],
+)
+def test_json_schema_and_protobuf_subjects(
+    schemas: Resources, registry: httpx.Client, unique: str, schema_type: str, text: str
+) -> None:
+    subject = f"{unique}-value"
+    schemas.create(unique, {"subject": subject, "schemaType": schema_type, "schema": text})
+    schemas.wait_condition(unique, "True", "Registered")
+    latest = registry.get(f"/subjects/{subject}/versions/latest").json()
+    assert latest["id"] == schemas.status(unique)["id"] and latest.get("schemaType") == schema_type

@@ -37,6 +37,11 @@ def schema_id(value: str = "value") -> Column:
     return F.conv(F.hex(F.substring(F.col(value), 2, 4)), 16, 10).cast("long")
 
 
+def _framed(value: str = "value") -> Column:
+    """The record starts with the wire format's magic byte."""
+    return F.substring(F.col(value), 1, 1) == F.lit(bytes([MAGIC]))
+
+
 def _body(value: str = "value") -> Column:
     return F.expr(f"substring({value}, {HEADER.size + 1}, length({value}) - {HEADER.size})")
 
@@ -48,17 +53,33 @@ def decode(raw: DataFrame, ref: AvroRef, *, streaming: bool) -> DataFrame:
         writers, latest = registry.subject_schemas(ref.subject)
         reader = ref.schema or latest
         if not streaming:  # ids the subject does not list (another subject, a deleted version): by id
-            for row in raw.where(F.col("value").isNotNull()).select(schema_id().alias("id")).distinct().collect():
+            ids = raw.where(F.col("value").isNotNull() & _framed()).select(schema_id().alias("id")).distinct()
+            for row in ids.collect():
                 if row["id"] is not None and int(row["id"]) not in writers:
                     writers[int(row["id"])] = registry.schema_text(int(row["id"]))
     finally:
         registry.close()
     log.info("avro input", extra={"subject": ref.subject, "writer_schemas": sorted(writers)})
     options = {"avroSchema": reader, "mode": "FAILFAST"}
-    framed = F.substring(F.col("value"), 1, 1) == F.lit(bytes([MAGIC]))
-    branches = [F.when(schema_id() == i, from_avro(_body(), text, options)) for i, text in sorted(writers.items())]
-    decoded = F.coalesce(*branches) if len(branches) > 1 else branches[0]
-    return raw.where(F.col("value").isNotNull() & framed).select(decoded.alias("parsed")).select("parsed.*")
+    framed = _framed()
+    by_id: Column | None = None
+    for i, text in sorted(writers.items()):
+        branch = from_avro(_body(), text, options)
+        by_id = F.when(schema_id() == i, branch) if by_id is None else by_id.when(schema_id() == i, branch)
+    assert by_id is not None  # subject_schemas raises for a subject without versions
+    # Nothing is dropped in silence: a record the job cannot decode fails the run, saying why.
+    where = F.concat(F.lit("a record of "), F.col("topic"), F.lit(" at offset "), F.col("offset").cast("string"))
+    unknown = F.raise_error(
+        F.concat(
+            where,
+            F.lit(" was written with schema id "),
+            schema_id().cast("string"),
+            F.lit(f", which subject {ref.subject} did not list when the run started: run it again"),
+        )
+    )
+    not_framed = F.raise_error(F.concat(where, F.lit(" is not in the schema registry's wire format (magic byte 0)")))
+    decoded = F.when(~framed, not_framed).otherwise(by_id.otherwise(unknown))
+    return raw.where(F.col("value").isNotNull()).select(decoded.alias("parsed")).select("parsed.*")
 
 
 def value(frame: DataFrame, row: Column, ref: AvroRef, record_name: str) -> Column:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fibers import conditions
 from fibers.api import object_ref
-from fibers.conditions import READY, Condition, format_time, utcnow
+from fibers.conditions import READY, RECONCILING, Condition, format_time, utcnow
 from fibers.kube import Kube, describe
 from fibers.schemas import reconcile
 from fibers.schemas.ccompat import RegistryClient, RegistryError, RegistryUnreachable
@@ -56,11 +56,11 @@ class SchemaOperator:
     # ----- Schema ----------------------------------------------------------------------------------
 
     def due(self, uid: str, status: dict[str, Any]) -> bool:
-        """The timer looks every `retry` seconds; an in-sync Schema only every `resync` seconds."""
+        """The timer looks every `retry` seconds while the registry does not answer (Reconciling); an in-sync
+        or a stalled Schema (which waits for a change of its own) only every `resync` seconds."""
         since = time.monotonic() - self._looked_at.get(uid, 0.0)
-        return since >= (
-            self.settings.resync if conditions.is_true(status.get("conditions"), READY) else self.settings.retry
-        )
+        waiting = conditions.is_true(status.get("conditions"), RECONCILING)
+        return since >= (self.settings.retry if waiting else self.settings.resync)
 
     async def reconcile_schema(
         self, body: dict[str, Any], registries: Iterable[RegistrySpec], claims: Iterable[Claim]
@@ -122,8 +122,10 @@ class SchemaOperator:
             previous.get("conditions"), out.conditions, generation, format_time(utcnow())
         )
         ref = object_ref(KIND, meta["namespace"], meta["name"], meta["uid"])
+        was = (conditions.find(previous.get("conditions"), READY) or {}).get("reason")
         for reason, message, warning in out.events:
-            self.kube.post_event_soon(ref, reason, message, warning=warning)
+            if not (warning and reason == was):  # a refusal is announced once, not on every look
+                self.kube.post_event_soon(ref, reason, message, warning=warning)
         if status == previous:
             return
         await self.kube.replace_status(PLURAL, meta["namespace"], meta["name"], status, previous)
