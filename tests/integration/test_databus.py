@@ -499,3 +499,18 @@ def test_falling_off_the_relay_bootstraps(
         for proc in (store, view):
             proc.terminate()
             proc.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"sources": ["t", "t"], "sink": {"type": "log"}}, "spec.sources[1]"),
+        ({"sources": ["t"], "sink": {"type": "log"}, "checkpoint": {"configMapName": "Bad_Name!"}}, "configMapName"),
+    ],
+)
+def test_duplicate_sources_and_bad_names_are_refused_by_the_api_server(
+    consumers: Resources, spec: dict[str, Any], field: str, unique: str
+) -> None:
+    with pytest.raises(client.exceptions.ApiException) as err:
+        consumers.create(unique, spec)
+    assert err.value.status == 422 and field in err.value.body

@@ -394,3 +394,13 @@ def test_without_the_spark_operators_webhook_pods_still_get_secrets_and_security
     """Pod templates carry them: with the webhook off, `driver.env` and security contexts would be dropped."""
     assert not client.AdmissionregistrationV1Api(kube).list_mutating_webhook_configuration().items
     run_to_mongodb(transforms, kube, namespace, stack_info, mongo_secret, mongo, unique, records=4)
+
+
+@pytest.mark.parametrize("schedule", ["every day", "* * *", "*/5 * * * * * * *", "@sometimes"])
+def test_a_schedule_that_is_not_cron_is_refused_by_the_api_server(
+    transforms: Resources, schedule: str, unique: str
+) -> None:
+    spec = {"inputs": [{"name": "t", "kafka": {"topics": ["t"]}}], "sql": "SELECT 1", "schedule": schedule}
+    with pytest.raises(client.exceptions.ApiException) as err:
+        transforms.create(unique, spec)
+    assert err.value.status == 422 and "spec.schedule" in err.value.body
