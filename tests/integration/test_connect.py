@@ -366,7 +366,12 @@ def _offsets_done(connects: Resources, name: str, operation: str, after: str = "
     )
     last = status["offsets"]["lastOperation"]
     assert last["result"] == "Succeeded", last
-    assert "fibers.dev/offsets" not in (connects.get(name)["metadata"].get("annotations") or {})
+    # The status is written first, then the annotation removed (so the request is never lost): a moment apart.
+    wait_for(
+        lambda: "fibers.dev/offsets" not in (connects.get(name)["metadata"].get("annotations") or {}),
+        timeout=30,
+        what=f"the offsets annotation removed after {operation}",
+    )
     return dict(status["offsets"])
 
 
