@@ -23,6 +23,11 @@ def parse_registry(name: str, spec: Mapping[str, Any]) -> RegistrySpec:
     return RegistrySpec(name=name, url=str(spec["url"]).rstrip("/"), default=bool(spec.get("default", False)))
 
 
+def parse_registries(objects: Iterable[Mapping[str, Any]]) -> list[RegistrySpec]:
+    """SchemaRegistry objects as listed from the API server."""
+    return [parse_registry(o["metadata"]["name"], o.get("spec") or {}) for o in objects]
+
+
 class RegistryNotChosen(LookupError):
     """The Schema names no registry that exists, or there is no single default: the message says which."""
 

@@ -25,7 +25,7 @@ from fibers.databus.checkpoint_store import STATS_ANNOTATION
 from fibers.databus.deployments import LABEL_CONSUMER, PLURAL
 from fibers.kube import Kube
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, choose_registry, parse_registry
+from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
 
 log = logging.getLogger("fibers.databus.operator")
 MODE_ORDER = ["INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"]
@@ -70,10 +70,7 @@ class DatabusReconciler:
         avro = (spec.get("relay") or {}).get("avro")
         if avro is None:
             return None
-        registries = [
-            parse_registry(o["metadata"]["name"], o.get("spec") or {})
-            for o in await self.kube.list_cluster_objects(REGISTRIES)
-        ]
+        registries = parse_registries(await self.kube.list_cluster_objects(REGISTRIES))
         try:
             return choose_registry(avro.get("registry"), registries, self.schema_registry).url
         except RegistryNotChosen as exc:

@@ -64,7 +64,7 @@ async def reconcile(
             )
             out.status["versions"] = versions
             return out
-        managed, own = True, []
+        own = []  # a subject taken over (new, or adopted): nothing of it was registered by this resource
     out.status["managed"] = True
 
     # 2. compatibility (a new subject gets its level right after its first version: Apicurio keeps no

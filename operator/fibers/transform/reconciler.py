@@ -21,7 +21,7 @@ from fibers.api import ANNOTATION_PAUSED, CONNECT_PLURAL, SCHEMA_PLURAL, object_
 from fibers.conditions import format_time, utcnow
 from fibers.kube import Kube
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, choose_registry, parse_registry
+from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
 from fibers.transform.sparkapp import SparkApplications
@@ -64,10 +64,7 @@ class TransformReconciler:
         refs = avro_refs(spec)
         if not refs:
             return {}
-        registries = [
-            parse_registry(o["metadata"]["name"], o.get("spec") or {})
-            for o in await self.kube.list_cluster_objects(REGISTRIES)
-        ]
+        registries = parse_registries(await self.kube.list_cluster_objects(REGISTRIES))
         items = {item["name"]: item for item in spec["inputs"]}
         resolved: dict[str, dict[str, Any]] = {}
         for key, ref in refs.items():
