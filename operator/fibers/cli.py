@@ -43,15 +43,28 @@ def _run(args: argparse.Namespace) -> int:
 def _consume(args: argparse.Namespace) -> int:
     from kubernetes import client
 
+    from fibers import termination
     from fibers.databus.config import ConsumerConfig
     from fibers.databus.runtime import Runtime
     from fibers.kube import load_client
 
     raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")
-    config = ConsumerConfig.from_dict(json.loads(raw))
-    if args.instance is not None:
-        config = ConsumerConfig.from_dict({**json.loads(raw), "instance": args.instance})
-    return Runtime(config, client.CoreV1Api(load_client())).run()
+    try:
+        data = json.loads(raw)
+        if args.instance is not None:
+            data["instance"] = args.instance
+        config = ConsumerConfig.from_dict(data).check()
+    except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        message = f"invalid configuration: {type(exc).__name__}: {exc}"
+        logging.getLogger("fibers.databus").error(message)
+        termination.write(message)
+        return 2
+    try:
+        runtime = Runtime(config, client.CoreV1Api(load_client()))
+    except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
+        termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
+        raise
+    return runtime.run()
 
 
 def main(argv: list[str] | None = None) -> int:

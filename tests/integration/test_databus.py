@@ -506,6 +506,9 @@ def test_falling_off_the_relay_bootstraps(
     [
         ({"sources": ["t", "t"], "sink": {"type": "log"}}, "spec.sources[1]"),
         ({"sources": ["t"], "sink": {"type": "log"}, "checkpoint": {"configMapName": "Bad_Name!"}}, "configMapName"),
+        ({"sources": ["t"], "sink": mongo_sink("mongo", "a.b", "c")}, "spec.sink.database"),
+        ({"sources": ["t"], "sink": mongo_sink("Not_A_Secret", "d", "c")}, "spec.sink.uriSecretRef.name"),
+        ({"sources": ["t"], "sink": {"type": "log"}, "relay": {"bootstrapServers": "kafka"}}, "bootstrapServers"),
     ],
 )
 def test_duplicate_sources_and_bad_names_are_refused_by_the_api_server(
@@ -514,3 +517,29 @@ def test_duplicate_sources_and_bad_names_are_refused_by_the_api_server(
     with pytest.raises(client.exceptions.ApiException) as err:
         consumers.create(unique, spec)
     assert err.value.status == 422 and field in err.value.body
+
+
+def test_a_collection_mongodb_refuses_is_invalid_spec_and_nothing_runs(
+    consumers: Resources, kube: ApiClient, namespace: str, mongo_secret: str, operator: OperatorProcess, unique: str
+) -> None:
+    """Admission lets it through (any string); the operator answers on the resource before any pod exists."""
+    consumers.create(unique, {"sources": ["t"], "sink": mongo_sink(mongo_secret, "shop", "system.users")})
+    cond = consumers.wait_condition(unique, "False", "InvalidSpec", timeout=30)
+    assert cond["message"].startswith("spec.sink.collection: 'system.users' is not a collection name")
+    assert consumers.condition(unique, "Stalled")["status"] == "True"
+    apps = client.AppsV1Api(kube)
+    assert not apps.list_namespaced_deployment(namespace, label_selector=f"fibers.dev/databusconsumer={unique}").items
+    assert "Traceback" not in operator.log()
+
+
+def test_a_consumer_that_exits_says_why_on_the_resource(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    """The pod's termination message (written by the consumer) becomes the condition, not an exit code."""
+    consumers.create(unique, {"sources": ["t"], "sink": {"type": "callback", "callback": "no_such_module:Sink"}})
+    cond = consumers.wait_condition(unique, "False", "ModuleNotFoundError", timeout=120)
+    assert "No module named 'no_such_module'" in cond["message"]
+    assert "exited with code" not in cond["message"]
+    pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"fibers.dev/databusconsumer={unique}")
+    container = pods.items[0].spec.containers[0]
+    assert container.termination_message_policy == "FallbackToLogsOnError"

@@ -192,7 +192,9 @@ def test_secrets_reach_driver_and_executors_by_reference(
     assert "mongodb://" not in json.dumps(app), "a secret value in the SparkApplication"
 
 
-def test_bad_sql_fails_with_sparks_message(transforms: Resources, tmp_path: Path, unique: str) -> None:
+def test_bad_sql_fails_with_sparks_message(
+    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+) -> None:
     (tmp_path / "in.json").write_text('{"id": 1}\n')
     transforms.create(
         unique,
@@ -207,6 +209,50 @@ def test_bad_sql_fails_with_sparks_message(transforms: Resources, tmp_path: Path
     assert "TABLE_OR_VIEW_NOT_FOUND" in cond["message"]
     assert transforms.condition(unique, "Stalled")["status"] == "True"
     assert transforms.status(unique)["phase"] == "Failed"
+    # The driver also left its error as the pod's termination message (read when no ConfigMap has it).
+    driver = client.CoreV1Api(kube).read_namespaced_pod(transforms.status(unique)["currentRun"]["driverPod"], namespace)
+    status = next(s for s in driver.status.container_statuses if s.name == "spark-kubernetes-driver")
+    assert "TABLE_OR_VIEW_NOT_FOUND" in status.state.terminated.message
+    assert driver.spec.containers[0].termination_message_policy == "FallbackToLogsOnError"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"schedule": "61 * * * *"}, "spec.schedule: '61 * * * *' is not a usable cron expression"),
+        ({"schedule": "0 0 30 2 *"}, "spec.schedule: '0 0 30 2 *' is not a usable cron expression"),
+        (  # Spark's view names ignore case: the second one would replace the first
+            {
+                "inputs": [
+                    {"name": "orders", "kafka": {"topics": ["t"]}},
+                    {"name": "ORDERS", "kafka": {"topics": ["u"]}},
+                ]
+            },
+            "two inputs are named 'ORDERS'",
+        ),
+    ],
+)
+def test_what_passes_admission_but_cannot_run_is_invalid_spec_at_once(
+    transforms: Resources,
+    kube: ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+    spec: dict[str, Any],
+    message: str,
+    unique: str,
+) -> None:
+    base = {
+        "inputs": [{"name": "t", "kafka": {"topics": ["t"]}}],
+        "sql": "SELECT 1",
+        "output": {"kafka": {"topic": "o"}},
+    }
+    transforms.create(unique, {**base, **spec})
+    cond = transforms.wait_condition(unique, "False", "InvalidSpec", timeout=30)
+    assert cond["message"].startswith(message)
+    assert transforms.condition(unique, "Stalled")["status"] == "True"
+    assert not spark_apps(kube, namespace, unique)
+    log = operator.log()
+    assert "Traceback" not in log and "CroniterBadCronError" not in log
 
 
 def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(

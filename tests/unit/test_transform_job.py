@@ -21,7 +21,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 
 from fibers import spark as fibers_spark
 from fibers.jobs import transform as job
-from fibers.jobs.transform import JobResult, JobSpec, SpecError
+from fibers.jobs.spec import JobSpec, KafkaSource, MongoSink, MongoSource, SpecError
+from fibers.jobs.transform import JobResult
 
 ORDERS = [
     {"id": 1, "customer": "ada", "amount": 10.0},
@@ -218,7 +219,7 @@ def test_mongodb_input_reads_the_uri_from_the_named_variable(
 
     monkeypatch.setattr("pymongo.MongoClient", FakeClient)
     monkeypatch.setenv("FIBERS_INPUT_PEOPLE_URI", "mongodb://user:secret@db:27017/")
-    source = job.MongoSource("FIBERS_INPUT_PEOPLE_URI", "db", "people")
+    source = MongoSource("FIBERS_INPUT_PEOPLE_URI", "db", "people")
 
     assert [r.name for r in job.read_mongodb(spark, source).collect()] == ["ada"]
     assert seen == {"uri": "mongodb://user:secret@db:27017/", "closed": True}
@@ -339,8 +340,8 @@ def test_full_spec_parses(tmp_path: Path) -> None:
             )
         )
     )
-    assert spec.inputs[0].source == job.KafkaSource(("a", "b"), "id INT", "earliest")
-    assert spec.output == job.MongoSink("FIBERS_OUTPUT_URI", "d", "c", "id")
+    assert spec.inputs[0].source == KafkaSource(("a", "b"), "id INT", "earliest")
+    assert spec.output == MongoSink("FIBERS_OUTPUT_URI", "d", "c", "id")
     assert (spec.stream_back_topic, spec.spark_conf, spec.master) == (
         "report-results",
         {"spark.sql.shuffle.partitions": "2"},

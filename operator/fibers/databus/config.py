@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+SINK_TYPES = ("mongodb", "history", "bootstrap", "kafka", "log", "callback")
+START_POSITIONS = ("bootstrap", "earliest", "latest")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's rule for topic names
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_CALLBACK = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+_SERVER = re.compile(r"^[^\s,/:]+:[0-9]{1,5}$")  # host:port
+_MONGO_DATABASE_BAD = re.compile(r'[/\\. "$\x00]')
+
+
+class ConfigError(ValueError):
+    """The configuration cannot run; the message names the DatabusConsumer field to fix."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,77 @@ class ConsumerConfig:
             lineage=data.get("lineage"),
         )
 
+    def secrets(self) -> list[str]:
+        """The values of the environment variables that carry MongoDB URIs (to mask in messages)."""
+        names = [self.sink.get("uriEnv"), (self.bootstrap or {}).get("uriEnv")]
+        return [value for name in names if name and (value := os.environ.get(str(name)))]
+
+    def check(self) -> ConsumerConfig:
+        """Everything that can be checked without Kafka or MongoDB, so neither the operator nor a pod
+        starts a consumer that cannot run. The operator checks before it creates an instance, the
+        consumer again when it starts (its configuration may come from elsewhere).
+        """
+        _check_topics(self.topics, "spec.sources")
+        for server in self.bootstrap_servers.split(","):
+            if not _SERVER.match(server.strip()):
+                raise ConfigError(f"spec.relay.bootstrapServers: {server.strip()!r} is not host:port")
+        if not _DNS_SUBDOMAIN.match(self.checkpoint_config_map):
+            raise ConfigError(
+                f"spec.checkpoint.configMapName: {self.checkpoint_config_map!r} is not a ConfigMap name "
+                "(lower-case letters, digits, '-' and '.', at most 253)"
+            )
+        if self.start_position not in START_POSITIONS:
+            raise ConfigError(f"spec.startPosition must be one of {', '.join(START_POSITIONS)}")
+        if self.start_position == "bootstrap" and not self.bootstrap:
+            raise ConfigError("spec.startPosition bootstrap needs spec.bootstrap (enabled, with a store)")
+        if not 0 <= self.instance < self.instances:
+            raise ConfigError(f"spec.instances must be at least 1 (instance {self.instance} of {self.instances})")
+        for where, value, low in (
+            ("spec.checkpoint.minIntervalSeconds", self.checkpoint_min_interval, 0.0),
+            ("spec.callbackPolicy.retries", self.retries, 0),
+            ("spec.callbackPolicy.retryBackoffSeconds", self.retry_backoff, 0.0),
+        ):
+            if value < low:
+                raise ConfigError(f"{where} must be at least {low}, not {value}")
+        if self.callback_timeout <= 0:
+            raise ConfigError(f"spec.callbackPolicy.timeoutSeconds must be positive, not {self.callback_timeout}")
+        self._check_sink()
+        if self.bootstrap:
+            _check_database(str(self.bootstrap.get("database") or ""), "spec.bootstrap.database")
+        return self
+
+    def _check_sink(self) -> None:
+        kind = self.sink.get("type")
+        if kind not in SINK_TYPES:
+            raise ConfigError(f"spec.sink.type must be one of {', '.join(SINK_TYPES)}, not {kind!r}")
+        if kind in ("mongodb", "history", "bootstrap"):
+            _check_database(str(self.sink.get("database") or ""), "spec.sink.database")
+        if kind in ("mongodb", "history"):
+            collection = str(self.sink.get("collection") or "")
+            if not collection or "$" in collection or "\x00" in collection or collection.startswith("system."):
+                raise ConfigError(f"spec.sink.collection: {collection!r} is not a collection name (no $, not system.*)")
+        if kind == "kafka":
+            _check_topics([str(self.sink.get("topic") or "")], "spec.sink.topic")
+        if kind == "callback" and not _CALLBACK.match(str(self.sink.get("callback") or "")):
+            raise ConfigError(f"spec.sink.callback: {self.sink.get('callback')!r} is not package.module:Class")
+
     def owns(self, partition: int) -> bool:
         """Exclusive ownership: instance i of n consumes the partitions p with p % n == i."""
         return partition % self.instances == self.instance
+
+
+def _check_topics(topics: list[str], where: str) -> None:
+    if not topics:
+        raise ConfigError(f"{where} must name at least one topic")
+    for topic in topics:
+        if not _TOPIC.match(topic) or topic in (".", ".."):
+            raise ConfigError(f"{where}: {topic!r} is not a Kafka topic name (1-249 of letters, digits, . _ -)")
+    if len(set(topics)) != len(topics):
+        raise ConfigError(f"{where} must be distinct; {sorted({t for t in topics if topics.count(t) > 1})} repeat")
+
+
+def _check_database(database: str, where: str) -> None:
+    if not database or len(database) > 63 or _MONGO_DATABASE_BAD.search(database):
+        raise ConfigError(
+            f'{where}: {database!r} is not a MongoDB database name (1-63 characters, none of / \\ . space " $)'
+        )

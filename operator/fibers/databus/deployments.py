@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from fibers import termination
 from fibers.api import API_VERSION
 
 PLURAL = "databusconsumers"
@@ -101,6 +102,7 @@ def deployment(
                 "image": spec.get("image") or image,
                 "imagePullPolicy": image_pull_policy,
                 "args": ["consume"],  # after the image's entry point (tini, then `fibers`)
+                "terminationMessagePolicy": termination.POLICY,
                 "env": env,
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
                 "securityContext": {

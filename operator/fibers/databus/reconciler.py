@@ -22,8 +22,10 @@ from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_tim
 from fibers.databus import deployments
 from fibers.databus.checkpoint import CheckpointError, Checkpoints
 from fibers.databus.checkpoint_store import STATS_ANNOTATION
+from fibers.databus.config import ConsumerConfig
 from fibers.databus.deployments import LABEL_CONSUMER, PLURAL
 from fibers.kube import Kube
+from fibers.redact import redact, truncate
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
 
@@ -92,8 +94,10 @@ class DatabusReconciler:
             existing = {}
         start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
 
+        # Every instance's configuration is rendered and checked before any is touched: a spec that
+        # cannot run creates nothing and stops nothing (a running consumer keeps running).
         problem = ""
-        wanted: set[str] = set()
+        manifests: list[dict[str, Any]] = []
         try:
             registry_url = await self._registry_url(spec)
             for instance in range(int(spec.get("instances", 1))):
@@ -105,21 +109,26 @@ class DatabusReconciler:
                     registry_url=registry_url,
                     lineage=self.lineage,
                 )
-                manifest = deployments.deployment(
-                    body,
-                    instance=instance,
-                    config=config,
-                    image=self.image,
-                    image_pull_policy=self.image_pull_policy,
-                    service_account=self.service_account,
+                ConsumerConfig.from_dict(config).check()  # what the pod would refuse, answered here
+                manifests.append(
+                    deployments.deployment(
+                        body,
+                        instance=instance,
+                        config=config,
+                        image=self.image,
+                        image_pull_policy=self.image_pull_policy,
+                        service_account=self.service_account,
+                    )
                 )
-                wanted.add(manifest["metadata"]["name"])
-                await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)
         except ValueError as exc:
             problem = str(exc)
-        for extra in set(existing) - wanted:
-            await asyncio.to_thread(self.apps.delete_namespaced_deployment, extra, namespace)
-            log.info("instance removed", extra={**ctx, "deployment": extra})
+        else:
+            for manifest in manifests:
+                await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)
+            wanted = {m["metadata"]["name"] for m in manifests}
+            for extra in set(existing) - wanted:
+                await asyncio.to_thread(self.apps.delete_namespaced_deployment, extra, namespace)
+                log.info("instance removed", extra={**ctx, "deployment": extra})
         if spec.get("restartNonce"):
             status["lastRestartNonce"] = spec["restartNonce"]
 
@@ -233,7 +242,9 @@ class DatabusReconciler:
                     continue
                 terminated = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
                 if terminated and terminated.exit_code:
-                    return str(terminated.message or f"exited with code {terminated.exit_code}")
+                    # The consumer's termination message (or, with FallbackToLogsOnError, its log's tail).
+                    message = (terminated.message or "").strip() or f"exited with code {terminated.exit_code}"
+                    return truncate(redact(message, ()), 1024)
         return ""
 
 

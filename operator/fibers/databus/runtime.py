@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from kubernetes import client
 from pymongo import MongoClient
 
-from fibers import lineage
+from fibers import lineage, termination
 from fibers.databus import sinks
 from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
@@ -180,10 +180,12 @@ class Runtime:
             self._consume(assignments)
         except ConsumerStopped as exc:
             log.error("consumer stopped: %s", exc)
+            termination.write(str(exc), self.config.secrets())
             if emitter:
                 emitter.fail(*self._datasets(), str(exc))
             return exc.code
         except Exception as exc:
+            termination.write(f"{type(exc).__name__}: {exc}", self.config.secrets())
             if emitter:
                 emitter.fail(*self._datasets(), f"{type(exc).__name__}: {exc}")
             raise

@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
+from fibers.jobs.spec import AvroRef
 from fibers.wire import HEADER, MAGIC, Registry
 
 log = logging.getLogger("fibers.jobs.avro")
-
-
-@dataclass(frozen=True)
-class AvroRef:
-    """Where a Kafka input's or output's schemas live; the reader (or writer) schema when a Schema was named."""
-
-    registry_url: str
-    subject: str
-    schema: str | None = None
 
 
 def schema_id(value: str = "value") -> Column:

@@ -32,6 +32,7 @@ from fibers.transform.spec import (
     InputsNotReady,
     avro_refs,
     default_subject,
+    problem,
     render_job,
     spec_hash,
 )
@@ -107,7 +108,9 @@ class TransformReconciler:
         apps = await self.apps.list_for(namespace, view.name)
         paused = (view.body["metadata"].get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
         now = utcnow()
-        plan = runs.Plan() if paused else runs.plan(view, apps, now)
+        # A spec that cannot run starts nothing and stops nothing: a run already going keeps going.
+        invalid = problem(view.spec, name=view.name, namespace=namespace, defaults=self.defaults)
+        plan = runs.Plan() if paused or invalid else runs.plan(view, apps, now)
         status = view.status
         current = dict(view.current)
 
@@ -177,9 +180,13 @@ class TransformReconciler:
         # The job writes its result, or its error, to a ConfigMap when its driver ends.
         if current_app is not None and sparkapp.state_of(current_app) in sparkapp.DRIVER_ENDED:
             result = await self.apps.result(namespace, current["name"])
+            # No error in the result ConfigMap (the driver died first, or could not reach the API): its last words.
+            failed = "error" not in result and sparkapp.state_of(current_app) in sparkapp.DRIVER_FAILED
+            if failed and (message := await self.apps.driver_message(current_app)):
+                result = {**result, "error": message}
         mirrored = runs.mirror_run(current, current_app, result)
         view.body["status"] = status
-        new_status = runs.report(view, mirrored, now, waiting=waiting)
+        new_status = runs.report(view, mirrored, now, waiting=waiting, invalid=invalid)
         await self._publish(view, new_status, ctx)
 
     async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ from fibers.transform.spec import spec_hash
 
 SUSPENDED = "SUSPENDED"  # recorded in currentRun.applicationState when suspend stopped a run
 DEADLINE = "SubmissionDeadlineExceeded"
+INVALID = "InvalidSpec"  # the reason when the spec passes admission but cannot run
 NEW = "NEW"  # recorded while the SparkApplication has no state yet (the Spark Operator has not taken it up)
 MESSAGE_LIMIT = 2048
 
@@ -243,7 +244,9 @@ def mirror_run(current: dict[str, Any], app: dict[str, Any] | None, result: dict
     return run
 
 
-def report(view: TransformView, run: dict[str, Any], now: datetime, *, waiting: str = "") -> dict[str, Any]:
+def report(
+    view: TransformView, run: dict[str, Any], now: datetime, *, waiting: str = "", invalid: str = ""
+) -> dict[str, Any]:
     """The Transform's status from its current run."""
     status = {k: v for k, v in view.status.items() if k in ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce")}
     generation = int(view.body["metadata"].get("generation", 0))
@@ -253,6 +256,8 @@ def report(view: TransformView, run: dict[str, Any], now: datetime, *, waiting: 
     if state in FINISHED_OK:
         status["lastSuccessfulRun"] = run["name"]
     conds, phase = _conditions(view, run, state, waiting)
+    if invalid:  # the spec cannot run: say so, whatever the last run did
+        conds, phase = conditions.stalled(INVALID, invalid), "Failed"
     status.update(
         observedGeneration=generation,
         phase=phase,

@@ -14,7 +14,9 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from fibers import termination
 from fibers.api import API_VERSION
+from fibers.redact import redact, truncate
 from fibers.transform.spec import KIND, Defaults, secret_envs
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
@@ -39,6 +41,7 @@ RUNNING = {"RUNNING", "SUCCEEDING"}
 WAITING_FOR_DRIVER = {"", "SUBMITTED", "SUBMISSION_FAILED"}
 # A driver ran and ended: its job has written the result ConfigMap (or the error) if it could.
 DRIVER_ENDED = {"SUCCEEDING", "COMPLETED", "FAILING", "FAILED"}
+DRIVER_FAILED = {"FAILING", "FAILED"}  # the driver exited non-zero
 
 
 def state_of(app: dict[str, Any]) -> str:
@@ -97,6 +100,7 @@ def pod_template(
         "containers": [
             {
                 "name": container,
+                "terminationMessagePolicy": termination.POLICY,  # the driver writes its error there
                 **({"env": copy.deepcopy(env)} if env else {}),
                 "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
                 "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}, *copy.deepcopy(mounts)],
@@ -259,3 +263,22 @@ class SparkApplications:
                 return {}
             raise
         return dict(cm.data or {})
+
+    async def driver_message(self, app: dict[str, Any]) -> str:
+        """The driver container's termination message: the job's error line, or its log's tail
+        (FallbackToLogsOnError) when it died before it could say; "" when there is none to read."""
+        namespace = app["metadata"]["namespace"]
+        pod_name = ((app.get("status") or {}).get("driverInfo") or {}).get("podName")
+        if not pod_name:
+            return ""
+        try:
+            pod = await asyncio.to_thread(self.core.read_namespaced_pod, pod_name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return ""
+            raise
+        for cs in (pod.status.container_statuses or []) if pod.status else []:
+            terminated = cs.state.terminated if cs.state else None
+            if cs.name == DRIVER_CONTAINER and terminated and terminated.exit_code and terminated.message:
+                return truncate(redact(str(terminated.message).strip(), ()), 2048)
+        return ""

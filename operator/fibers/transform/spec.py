@@ -5,7 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+
+from croniter import croniter
+
+from fibers.jobs.spec import JobSpec, SpecError
 
 PLURAL = "transforms"
 KIND = "Transform"
@@ -196,3 +201,43 @@ def secret_envs(spec: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return env
+
+
+# Stand-ins for what referenced resources supply at run time (a Connect's topics, a registry's URL):
+# `problem` checks the Transform's own fields, not whether what it points at is ready.
+_PLACEHOLDER_TOPIC = "fibers-placeholder-topic"
+_PLACEHOLDER_AVRO = {"registryUrl": "http://fibers-placeholder-registry", "subject": "fibers-placeholder-value"}
+
+
+def problem(spec: dict[str, Any], *, name: str, namespace: str, defaults: Defaults) -> str:
+    """Why this Transform cannot run, naming the field ("" when it can).
+
+    The CRD refuses what a schema can; this catches what passes admission but would make the driver
+    exit (a cron field out of range, a streaming output that only batch supports, …), using the same
+    checks the driver runs on the spec it is given.
+    """
+    schedule = spec.get("schedule")
+    if schedule:
+        try:  # both directions: "0 0 30 2 *" parses but has no slot to find
+            slots = croniter(schedule, datetime.now(UTC))
+            slots.get_prev(datetime)
+            slots.get_next(datetime)
+        except (ValueError, KeyError) as exc:  # croniter's errors are ValueErrors; a bad macro can be a KeyError
+            return f"spec.schedule: {schedule!r} is not a usable cron expression: {exc}"
+    topics = {
+        item["connectRef"]["name"]: [_PLACEHOLDER_TOPIC] for item in spec.get("inputs") or [] if "connectRef" in item
+    }
+    try:
+        job = render_job(
+            spec,
+            name=name,
+            namespace=namespace,
+            run=name,
+            connect_topics=topics,
+            defaults=defaults,
+            avro={key: dict(_PLACEHOLDER_AVRO) for key in avro_refs(spec)},
+        )
+        JobSpec.from_dict(job)
+    except (SpecError, ValueError) as exc:
+        return str(exc)
+    return ""
