@@ -6,9 +6,12 @@ import argparse
 import json
 import logging
 import os
+import sys
+import traceback
 from typing import Any
 
 from fibers import logs
+from fibers.redact import redact
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -63,8 +66,17 @@ def _consume(args: argparse.Namespace) -> int:
         runtime = Runtime(config, client.CoreV1Api(load_client()))
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
-        raise
-    return runtime.run()
+        return _crashed(exc, config.secrets())
+    try:
+        return runtime.run()
+    except Exception as exc:  # run() has written the termination message and the FAIL lineage event
+        return _crashed(exc, config.secrets())
+
+
+def _crashed(exc: BaseException, secrets: list[str]) -> int:
+    """Exit 1 with the traceback Python would print, the secret values (URIs in pymongo's errors) masked."""
+    sys.stderr.write(redact("".join(traceback.format_exception(exc)), secrets))
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

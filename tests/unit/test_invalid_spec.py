@@ -1,4 +1,5 @@
-"""What passes admission but cannot run: the reason, naming the field, before anything is created."""
+"""What passes admission but cannot run: the reason, naming the field, before anything is created; and the
+outages that are not the spec's fault: a one-line retry."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
-from fibers import termination
+from fibers import outages, termination
 from fibers.databus.config import ConfigError, ConsumerConfig
 from fibers.transform import runs
 from fibers.transform.runs import TransformView
@@ -177,3 +181,24 @@ def test_the_termination_message_is_redacted_and_kept_within_the_kubelets_limit(
 def test_without_a_termination_log_nothing_is_raised(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(termination.PATH_ENV, str(tmp_path / "missing-dir" / "log"))
     termination.write("still fine")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        urllib3.exceptions.MaxRetryError(None, "/apis", urllib3.exceptions.NewConnectionError(None, "refused")),  # type: ignore[arg-type]
+        urllib3.exceptions.ProtocolError("Connection aborted."),
+        ApiException(status=503, reason="Service Unavailable"),
+        ApiException(status=429, reason="Too Many Requests"),
+    ],
+)
+def test_an_api_server_outage_is_a_one_line_retry_not_a_traceback(error: Exception) -> None:
+    with pytest.raises(kopf.TemporaryError) as caught, outages.api_outage_is_temporary(delay=3):
+        raise error
+    assert caught.value.delay == 3
+    assert "Kubernetes API server" in str(caught.value)
+
+
+def test_other_api_errors_stay_what_they_are() -> None:
+    with pytest.raises(ApiException), outages.api_outage_is_temporary():
+        raise ApiException(status=404, reason="Not Found")

@@ -12,6 +12,7 @@ from fibers.api import GROUP, VERSION
 from fibers.databus import deployments
 from fibers.databus.deployments import PLURAL
 from fibers.databus.reconciler import DatabusReconciler
+from fibers.outages import api_outage_is_temporary
 
 
 def _reconciler(memo: Any) -> DatabusReconciler:
@@ -23,13 +24,15 @@ def _reconciler(memo: Any) -> DatabusReconciler:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def consumer_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+    with api_outage_is_temporary():
+        await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=3, initial_delay=2, backoff=5)
 async def consumer_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Mirror the checkpoints the consumers write into status."""
-    await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+    with api_outage_is_temporary():
+        await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

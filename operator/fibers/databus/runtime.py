@@ -39,6 +39,7 @@ from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
 from fibers.databus.store import BootstrapStore
+from fibers.redact import redact
 from fibers.wire import AvroDecoder, Registry
 
 log = logging.getLogger("fibers.databus")
@@ -179,16 +180,19 @@ class Runtime:
             assignments = self._start_positions(dict(stored))
             self._consume(assignments)
         except ConsumerStopped as exc:
-            log.error("consumer stopped: %s", exc)
-            termination.write(str(exc), self.config.secrets())
+            message = redact(str(exc), self.config.secrets())
+            log.error("consumer stopped: %s", message)
+            termination.write(message)
             if emitter:
-                emitter.fail(*self._datasets(), str(exc))
+                emitter.fail(*self._datasets(), message)
             return exc.code
         except Exception as exc:
-            termination.write(f"{type(exc).__name__}: {exc}", self.config.secrets())
+            # pymongo names what it takes for a host in its errors: a URI that is not one shows whole.
+            message = redact(f"{type(exc).__name__}: {exc}", self.config.secrets())
+            termination.write(message)
             if emitter:
-                emitter.fail(*self._datasets(), f"{type(exc).__name__}: {exc}")
-            raise
+                emitter.fail(*self._datasets(), message)
+            raise  # `fibers consume` prints the traceback, masked too
         finally:
             self._shutdown()
         if emitter:

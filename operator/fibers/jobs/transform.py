@@ -270,14 +270,23 @@ def mongo_partition_writer(
             return  # no connection for an empty partition
         from pymongo import MongoClient
 
-        client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
         try:
-            documents = (bson_ready(row.asDict(recursive=True)) for row in itertools.chain([first], rows))
-            store_documents(client[database][collection], documents, id_column)
-        finally:
-            client.close()
+            client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+            try:
+                documents = (bson_ready(row.asDict(recursive=True)) for row in itertools.chain([first], rows))
+                store_documents(client[database][collection], documents, id_column)
+            finally:
+                client.close()
+        except Exception as exc:
+            # Spark logs a worker's traceback itself (executor and driver logs), out of _fail's reach, and
+            # pymongo names what it takes for a host: a URI that is not one would show whole.
+            raise MongoWriteError(redact(f"{type(exc).__name__}: {exc}", [uri])) from None
 
     return write
+
+
+class MongoWriteError(Exception):
+    """A Spark task could not write its partition to MongoDB (the message has the URI masked)."""
 
 
 def store_documents(

@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 
 from fibers.api import GROUP, VERSION
+from fibers.outages import api_outage_is_temporary
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.reconcile import SchemaSettings
 from fibers.schemas.spec import PLURAL, REGISTRIES, Claim, RegistrySpec, parse_registry
@@ -49,7 +50,8 @@ def schema_claims(namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def schema_changed(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, **kwargs: Any) -> None:
     claims = _claims(kwargs, str(spec.get("subject")))
-    await _operator(memo).reconcile_schema(dict(body), _registries(kwargs), claims)
+    with api_outage_is_temporary():
+        await _operator(memo).reconcile_schema(dict(body), _registries(kwargs), claims)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SchemaSettings.retry, initial_delay=SchemaSettings.retry)
@@ -60,7 +62,8 @@ async def schema_tick(
     operator = _operator(memo)
     if operator.due(str(meta["uid"]), dict(status)):
         claims = _claims(kwargs, str(spec.get("subject")))
-        await operator.reconcile_schema(dict(body), _registries(kwargs), claims)
+        with api_outage_is_temporary():
+            await operator.reconcile_schema(dict(body), _registries(kwargs), claims)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

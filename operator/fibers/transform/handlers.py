@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from fibers.api import GROUP, VERSION
+from fibers.outages import api_outage_is_temporary
 from fibers.transform import sparkapp
 from fibers.transform.reconciler import TransformReconciler
 from fibers.transform.spec import PLURAL
@@ -21,17 +22,20 @@ def _reconciler(memo: Any) -> TransformReconciler:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def transform_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+    with api_outage_is_temporary():
+        await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=5, initial_delay=5, backoff=5)
 async def transform_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Schedules, submission deadlines and connectRef topics need a look even when nothing changes."""
-    await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+    with api_outage_is_temporary():
+        await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.event(sparkapp.GROUP, sparkapp.VERSION, sparkapp.PLURAL, labels={sparkapp.LABEL_TRANSFORM: kopf.PRESENT})
 async def run_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A SparkApplication moved on: mirror it into its Transform."""
     owner = body["metadata"]["labels"][sparkapp.LABEL_TRANSFORM]
-    await _reconciler(memo).reconcile(body["metadata"]["namespace"], owner)
+    with api_outage_is_temporary():
+        await _reconciler(memo).reconcile(body["metadata"]["namespace"], owner)
