@@ -11,13 +11,16 @@ Scenarios (each prints its figures; the last line is one JSON object with all of
   consumer-kills   — a DatabusConsumer materialising a PostgreSQL table (through Debezium) into MongoDB
                      while the table takes a steady write load; its pod is deleted with no grace K times.
                      Then: rows that differ between MongoDB and the table (0 = nothing lost or doubled).
+  standby          — two operators through kopf peering (priorities 100 and 50, as the chart runs them):
+                     the active one SIGKILLed; seconds until the standby has made a new resource Ready,
+                     and whether the standby acted on anything while the active one lived.
   faults           — with Connect resources Ready and the consumer running under load: Kafka Connect
                      restarted, Kafka restarted, the API server restarted, Connect unreachable for 60 s
                      (its port dropped with iptables, the process left running). For each: did the
                      operator live, seconds from recovery until every resource was Ready again (goal:
                      within two sync intervals), and at the end the rows the consumer lost.
 
-    .venv/bin/python -m bench.chaos [--scenarios operator-kills,transform-kills,consumer-kills,faults]
+    .venv/bin/python -m bench.chaos [--scenarios operator-kills,transform-kills,consumer-kills,faults,standby]
         [--resources 200] [--kills 100] [--transform-kills 30] [--consumer-kills 20] [--seed 1]
 
 The thresholds live here (THRESHOLDS); tests/integration/test_chaos.py runs a small variant of each
@@ -69,6 +72,8 @@ THRESHOLDS: dict[str, float] = {
     "rows_differing": 0,
     "operator_crashes": 0,
     "recovery_seconds": 2 * SYNC_INTERVAL,
+    "standby_acted_while_active_lived": 0,
+    "takeover_seconds": 15 + SYNC_INTERVAL,  # the peering lifetime, then one look at the resource
 }
 
 
@@ -618,6 +623,136 @@ def _hold(manager: Any, seconds: float) -> None:
         time.sleep(seconds)
 
 
+# ----- standby ---------------------------------------------------------------------------------------
+
+
+PEERING_LIFETIME = 15  # seconds (FIBERS_PEERING_LIFETIME): what bounds the takeover
+
+
+def _peering(ctx: Context, name: str) -> None:
+    """The kopf peering CRD and object, as the chart renders them for a namespaced operator with a standby."""
+    import yaml
+    from kubernetes import utils
+
+    from fibers_stack import fetch
+
+    rendered = subprocess.run(
+        [
+            str(fetch.helm()),
+            "template",
+            "fibers",
+            str(REPO / "charts" / "fibers"),
+            "--namespace",
+            ctx.namespace,
+            "--set",
+            "standby.enabled=true",
+            "--set",
+            f"standby.peeringName={name}",
+            "--set",
+            f"watch.namespaces={{{ctx.namespace}}}",
+            "--show-only",
+            "templates/peering.yaml",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    for doc in docs:
+        if doc["kind"] == "CustomResourceDefinition":
+            try:
+                utils.create_from_dict(ctx.api, doc)
+            except utils.FailToCreateError as exc:
+                if not all(e.status == 409 for e in exc.api_exceptions):
+                    raise
+    wait_for(lambda: _served(ctx), timeout=30, what="kopf peering CRD served")
+    for doc in docs:
+        if doc["kind"] == "KopfPeering":
+            ctx.custom.create_namespaced_custom_object("kopf.dev", "v1", ctx.namespace, "kopfpeerings", doc)
+
+
+def _served(ctx: Context) -> bool:
+    try:
+        ctx.custom.list_namespaced_custom_object("kopf.dev", "v1", ctx.namespace, "kopfpeerings")
+        return True
+    except ApiException:
+        return False
+
+
+def _acted_on(log: str) -> set[str]:
+    """Resources an operator's log shows it acting on (every Fibers log line about one names it)."""
+    names = set()
+    for line in log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("logger", "").startswith("fibers") and record.get("resource"):
+            names.add(str(record["resource"]))
+    return names
+
+
+def standby(ctx: Context, *, resources: int = 10) -> dict[str, Any]:
+    """Two operators (priorities 100 and 50); the active one SIGKILLed; how soon the standby takes over."""
+    peering = "fibers"
+    _peering(ctx, peering)
+    ctx.operator.stop()  # the context's standalone operator makes way for the pair
+    env = {**ctx.operator.env, "FIBERS_PEERING_LIFETIME": str(PEERING_LIFETIME)}
+    extra = {k: v for k, v in env.items() if k.startswith("FIBERS_")}
+    active = OperatorProcess(
+        ctx.info, ctx.namespace, ctx.workdir / "active.log", extra, ("--peering", peering, "--priority", "100")
+    )
+    passive = OperatorProcess(
+        ctx.info, ctx.namespace, ctx.workdir / "standby.log", extra, ("--peering", peering, "--priority", "50")
+    )
+    source = ctx.workdir / "standby.txt"
+    source.write_text("x\n")
+    source.chmod(0o644)
+    connects = Resources(ctx.api, "connects", ctx.namespace)
+
+    def spec(name: str) -> dict[str, Any]:
+        topic = f"{ctx.namespace}-{name}"
+        return {"class": "FileStreamSource", "connectorName": topic, "config": {"file": str(source), "topic": topic}}
+
+    active.start()
+    passive.start()
+    try:
+        time.sleep(3)
+        names = [f"s{i}" for i in range(resources)]
+        for name in names:
+            connects.create(name, spec(name))
+        for name in names:
+            connects.wait_condition(name, "True", timeout=120)
+        time.sleep(PEERING_LIFETIME)  # long enough for a standby that wrongly acts to show it
+        before_kill = _acted_on(passive.log())
+        os.kill(active.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        connects.create("after-kill", spec("after-kill"))
+        connects.wait_condition("after-kill", "True", timeout=PEERING_LIFETIME * 4)
+        takeover = time.monotonic() - killed
+        with ctx.connect() as connect:
+            live = live_connectors(connect)
+        wanted = {f"{ctx.namespace}-{n}" for n in [*names, "after-kill"]}
+        ours = {n for n in live if n.startswith(f"{ctx.namespace}-")}
+        figures = {
+            "resources": resources + 1,
+            "peering_lifetime_seconds": PEERING_LIFETIME,
+            "takeover_seconds": round(takeover, 1),
+            "active_acted_on": len(
+                _acted_on(active.log())
+            ),  # > 0: the log shows acting, so the next line means something
+            "standby_acted_while_active_lived": len(before_kill),
+            "duplicates": len(ours - wanted),
+            "unconverged": len(wanted - ours),
+        }
+    finally:
+        for op in (active, passive):
+            op.stop()
+        ctx.operator.start()  # the context cleans up with its own operator
+    say(f"standby: {figures}")
+    return figures
+
+
 # ----- verdict ----------------------------------------------------------------------------------------
 
 
@@ -639,7 +774,7 @@ def verdict(figures: dict[str, Any]) -> list[str]:
     return broken
 
 
-SCENARIOS = ("operator-kills", "transform-kills", "consumer-kills", "faults")
+SCENARIOS = ("operator-kills", "transform-kills", "consumer-kills", "faults", "standby")
 
 
 def main() -> int:
@@ -670,6 +805,8 @@ def main() -> int:
                 figures[scenario] = transform_kills(ctx, transforms=args.transforms, reruns=reruns)
             elif scenario == "consumer-kills":
                 figures[scenario] = consumer_kills(ctx, kills=args.consumer_kills)
+            elif scenario == "standby":
+                figures[scenario] = standby(ctx)
             elif scenario == "faults":
                 figures[scenario] = faults(ctx, resources=args.fault_resources, outage=args.outage)
             else:

@@ -57,6 +57,7 @@ def lineage_from(defaults: Defaults) -> dict[str, str] | None:
 
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+PEERING_LIFETIME = 60  # seconds; kopf's default (FIBERS_PEERING_LIFETIME, chart value standby.lifetimeSeconds)
 
 
 def transform_defaults_from_env() -> Defaults:
@@ -80,6 +81,9 @@ def transform_defaults_from_env() -> Defaults:
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
+    # With a standby (--peering): how long a silent peer counts as alive. A standby takes over at most
+    # this long after the active operator died; the active one renews its record 5-10 s before it ends.
+    settings.peering.lifetime = int(os.environ.get("FIBERS_PEERING_LIFETIME", str(PEERING_LIFETIME)))
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.fibers.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.fibers.dev", key="last-handled-configuration"

@@ -91,15 +91,17 @@ def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
 class OperatorProcess:
     """`fibers run` as a subprocess watching one namespace, with its log kept in a file."""
 
-    def __init__(self, stack: StackInfo, namespace: str, log_file: Path, env: dict[str, str]) -> None:
-        self.stack, self.namespace, self.log_file = stack, namespace, log_file
+    def __init__(
+        self, stack: StackInfo, namespace: str, log_file: Path, env: dict[str, str], args: tuple[str, ...] = ()
+    ) -> None:
+        self.stack, self.namespace, self.log_file, self.args = stack, namespace, log_file, args
         self.env = {**os.environ, **stack.env(), **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log_file, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fibers", "run", "-n", self.namespace],
+                [sys.executable, "-m", "fibers", "run", "-n", self.namespace, *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -50,3 +50,10 @@ def test_connect_kafka_and_api_server_faults_are_survived_and_reported(ctx: chao
     assert figures["rows_differing"] == 0
     assert figures["operator_crashes"] == 0
     assert figures["operator_log_tracebacks"] == 0
+
+
+def test_a_standby_takes_over_when_the_active_operator_dies_and_never_acts_before(ctx: chaos.Context) -> None:
+    figures = chaos.standby(ctx, resources=4)
+    assert figures["active_acted_on"] >= 4  # the logs show who acted: the check below can fail
+    assert figures["standby_acted_while_active_lived"] == 0
+    assert (figures["duplicates"], figures["unconverged"]) == (0, 0)

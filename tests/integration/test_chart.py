@@ -153,6 +153,9 @@ def test_template_is_valid_for_the_real_apiserver(
     docs = render(helm, namespace, values, tmp_path)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "ServiceAccount", "Service", "NetworkPolicy", "ServiceMonitor"} <= kinds
+    for deployment in by_kind(docs, "Deployment"):  # both peers know how long a silent one counts as alive
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "FIBERS_PEERING_LIFETIME", "value": "60"} in container["env"]
 
     # RBAC: the operator's rules are cluster-wide or per watched namespace, never both.
     roles = {(d["metadata"].get("namespace"), d["metadata"]["name"]) for d in by_kind(docs, "Role")}
