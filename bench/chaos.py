@@ -90,12 +90,13 @@ class Context:
     namespace: str
     workdir: Path
     rng: random.Random
+    sync_interval: float = SYNC_INTERVAL
     operator: OperatorProcess = field(init=False)
 
     def __post_init__(self) -> None:
         env = {
             "FIBERS_CONNECT_DEFAULT_CLUSTER": "stack",
-            "FIBERS_CONNECT_SYNC_INTERVAL": str(SYNC_INTERVAL),
+            "FIBERS_CONNECT_SYNC_INTERVAL": str(self.sync_interval),
             "FIBERS_JOB_SERVICE_ACCOUNT": namespaces.JOBS_SERVICE_ACCOUNT,
         }
         self.operator = OperatorProcess(self.info, self.namespace, self.workdir / "operator.log", env)
@@ -119,13 +120,15 @@ class Context:
 
 
 @contextmanager
-def context(info: stack.StackInfo, api: client.ApiClient, seed: int) -> Iterator[Context]:
+def context(
+    info: stack.StackInfo, api: client.ApiClient, seed: int, sync_interval: float = SYNC_INTERVAL
+) -> Iterator[Context]:
     namespace = f"chaos-{uuid.uuid4().hex[:6]}"
     namespaces.create(api, namespace)
     platform_resources.apply(api, "stack", info.connect_url)
     workdir = Path(tempfile.mkdtemp(prefix="fibers-chaos-"))
     os.chmod(workdir, 0o755)  # Kafka Connect reads the source file as its own user
-    ctx = Context(info, api, namespace, workdir, random.Random(seed))
+    ctx = Context(info, api, namespace, workdir, random.Random(seed), sync_interval)
     ctx.operator.start()
     try:
         yield ctx
@@ -322,12 +325,12 @@ def transform_kills(ctx: Context, *, transforms: int, reruns: int) -> dict[str, 
     for round_ in range(reruns):
         for name in names:
             wait_for(lambda n=name: finished(n), timeout=600, what=f"{name}'s run finished", interval=1)
-        for name in names:
+        for name in names:  # one kill per rerun request, at a random moment of its submission
             items.patch(name, {"spec": {"rerunNonce": f"r{round_}"}})
-        time.sleep(ctx.rng.uniform(0.0, 1.5))
-        ctx.kill_operator()
-        kills += 1
-        say(f"transform-kills: round {round_ + 1}/{reruns}")
+            time.sleep(ctx.rng.uniform(0.0, 1.5))
+            ctx.kill_operator()
+            kills += 1
+        say(f"transform-kills: round {round_ + 1}/{reruns}, {kills} kills")
     for name in names:
         wait_for(lambda n=name: finished(n), timeout=600, what=f"{name}'s last run finished", interval=1)
     apps = ctx.custom.list_namespaced_custom_object(
