@@ -88,11 +88,13 @@ def kafka(bootstrap_servers: str, topic: str, rows: int | None = None) -> Datase
 
 
 def mongodb(uri: str, database: str, collection: str, rows: int | None = None) -> DatasetRef:
-    """Only the host and port of the URI: its user and password stay out of the event."""
-    parts = urlsplit(uri)
-    host = parts.hostname or "localhost"
-    where = host if parts.port is None else f"{host}:{parts.port}"
-    return DatasetRef(f"mongodb://{where}", f"{database}.{collection}", rows)
+    """Only the (first) host and port of the URI: its user and password stay out of the event.
+
+    A replica set's URI lists several hosts (`h1:27017,h2:27017`), which `urlsplit` cannot take as one
+    port: the first host names the dataset, as OpenLineage's `mongodb://{host}:{port}` asks.
+    """
+    hosts = urlsplit(uri).netloc.rpartition("@")[2]
+    return DatasetRef(f"mongodb://{hosts.split(',')[0] or 'localhost'}", f"{database}.{collection}", rows)
 
 
 def files(path: str, rows: int | None = None) -> DatasetRef:

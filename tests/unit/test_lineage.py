@@ -18,6 +18,12 @@ def test_datasets_are_named_by_the_openlineage_conventions_and_carry_no_credenti
     assert lineage.kafka("kafka:9092,kafka2:9092", "orders") == lineage.DatasetRef("kafka://kafka:9092", "orders")
     mongo = lineage.mongodb("mongodb://app:s3cret@mongo.db:27017/?tls=true", "shop", "orders", 5)
     assert mongo == lineage.DatasetRef("mongodb://mongo.db:27017", "shop.orders", 5)
+    replica_set = lineage.mongodb("mongodb://app:p%40ss@h1:27017,h2:27018/?replicaSet=rs0", "shop", "orders")
+    assert replica_set.namespace == "mongodb://h1:27017"  # no ValueError on the port list, no credentials
+    assert (
+        lineage.mongodb("mongodb+srv://u:p@cluster.example.net/", "d", "c").namespace == "mongodb://cluster.example.net"
+    )
+    assert lineage.mongodb("", "d", "c").namespace == "mongodb://localhost"
     assert "s3cret" not in json.dumps(mongo.__dict__)
 
 
