@@ -54,6 +54,26 @@ def read_topic(bootstrap: str, topic: str, count: int, *, timeout: float = 60) -
     return values
 
 
+def read_all(bootstrap: str, topic: str, *, idle: float = 3.0) -> list[bytes]:
+    """Every record value on a topic so far, from the beginning: read until it has been quiet for `idle` s."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"test-all-{time.monotonic_ns()}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    idle_since = time.monotonic()
+    try:
+        while time.monotonic() - idle_since < idle:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            idle_since = time.monotonic()
+            values.append(message.value() or b"")
+    finally:
+        consumer.close()
+    return values
+
+
 class Resources:
     """Create, read, patch and wait on fibers.dev objects of one kind in one namespace."""
 

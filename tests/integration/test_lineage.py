@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo
-from tests.helpers import Resources, produce, wait_for
+from tests.helpers import Resources, produce, read_all, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.transform
@@ -38,24 +36,8 @@ def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Re
 
 def events(bootstrap: str, topic: str, job: str) -> list[dict[str, Any]]:
     """Every lineage event of `job` on the topic so far, in order."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"lineage-{time.monotonic_ns()}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[dict[str, Any]] = []
-    idle_since = time.monotonic()
-    try:
-        while time.monotonic() - idle_since < 3:
-            message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
-                continue
-            idle_since = time.monotonic()
-            event = json.loads(message.value() or b"{}")
-            if event.get("job", {}).get("name") == job:
-                found.append(event)
-    finally:
-        consumer.close()
-    return found
+    found = [json.loads(value or b"{}") for value in read_all(bootstrap, topic)]
+    return [event for event in found if event.get("job", {}).get("name") == job]
 
 
 def test_a_transform_run_reports_start_then_complete_with_datasets_and_rows(

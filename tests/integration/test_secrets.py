@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +21,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from confluent_kafka import Consumer
 from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo
-from tests.helpers import Resources, produce, wait_for
+from tests.helpers import Resources, produce, read_all, wait_for
 from tests.integration.conftest import OperatorProcess
 
 SPARK_APPS = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
@@ -186,26 +184,7 @@ class Surfaces:
 
     def lineage_events(self) -> list[str]:
         """Every record on the lineage topic so far, as text."""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.kafka_bootstrap,
-                "group.id": f"secrets-{time.monotonic_ns()}",
-                "auto.offset.reset": "earliest",
-            }
-        )
-        consumer.subscribe([self.lineage_topic])
-        found: list[str] = []
-        idle_since = time.monotonic()
-        try:
-            while time.monotonic() - idle_since < 3:
-                message = consumer.poll(0.5)
-                if message is None or message.error() is not None:
-                    continue
-                idle_since = time.monotonic()
-                found.append((message.value() or b"").decode(errors="replace"))
-        finally:
-            consumer.close()
-        return found
+        return [value.decode(errors="replace") for value in read_all(self.kafka_bootstrap, self.lineage_topic)]
 
     def lineage(self, job: str) -> list[dict[str, Any]]:
         """The lineage events of one job (<namespace>.<kind>.<name>), in order."""
