@@ -159,9 +159,11 @@ class TransformReconciler:
                         "trigger": trigger,
                         "submittedAt": format_time(now),
                     }
-                # Write-ahead: the run is in status before its SparkApplication exists.
-                status = {**status, "currentRun": current}
-                await self.kube.replace_status(PLURAL, namespace, view.name, status, view.status)
+                # Write-ahead: the run is in status before its SparkApplication exists, reported as
+                # the new run it is (Pending), never under the phase and conditions of the last one.
+                before, view.body["status"] = view.status, status
+                status = runs.report(view, current, now)
+                await self.kube.replace_status(PLURAL, namespace, view.name, status, before)
                 view.body["status"] = status
                 app = sparkapp.build(view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
                 created = await self.apps.create(app)
