@@ -53,7 +53,8 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 import fibers_stack as stack
-from fibers_stack import namespaces, platform_resources
+from bench.machine import Run, say
+from fibers_stack import crds, namespaces, platform_resources
 from tests.helpers import Resources, debezium_connect, wait_for
 from tests.integration.conftest import OperatorProcess
 
@@ -75,10 +76,6 @@ THRESHOLDS: dict[str, float] = {
     "standby_acted_while_active_lived": 0,
     "takeover_seconds": 15 + SYNC_INTERVAL,  # the peering lifetime, then one look at the resource
 }
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 @dataclass
@@ -792,11 +789,11 @@ def main() -> int:
     parser.add_argument("--outage", type=float, default=60.0, help="seconds Kafka Connect's port is dropped")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    session = Run("chaos")
     say("starting (or reusing) the local stack")
     info = stack.up()
     api = config.new_client_from_config(config_file=info.kubeconfig)
-    _install_crds(api)
-    load = os.getloadavg()
+    crds.apply(api)
     figures: dict[str, Any] = {}
     for scenario in args.scenarios.split(","):
         say(f"scenario {scenario}")
@@ -817,25 +814,8 @@ def main() -> int:
     broken = verdict(figures)
     for line in broken:
         say(f"threshold broken: {line}")
-    print(json.dumps({**figures, "load_average_at_start": [round(x, 2) for x in load], "pass": not broken}))
+    session.report({**figures, "pass": not broken})
     return 0 if not broken else 1
-
-
-def _install_crds(api: client.ApiClient) -> None:
-    import yaml
-
-    ext = client.ApiextensionsV1Api(api)
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        try:
-            current = ext.read_custom_resource_definition(body["metadata"]["name"])
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            ext.create_custom_resource_definition(body)
-    time.sleep(2)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ For each N (100 and 500 by default), in one run on the local stack:
   cpu       — CPU seconds the operator used from start to the end of the steady-state window.
 The last line printed is one JSON object with every figure.
 
-    .venv/bin/python bench/connect_scale.py [--sizes 100,500] [--interval 10] [--rounds 3]
+    .venv/bin/python -m bench.connect_scale [--sizes 100,500] [--interval 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -36,19 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from aiohttp import ClientSession, web
 from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from fibers_stack import platform_resources
+from bench.machine import Run, say
+from fibers_stack import crds, platform_resources
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 class CountingProxy:
@@ -174,18 +170,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def apply_crds(api: client.ApiClient) -> None:
-    ext = client.ApiextensionsV1Api(api)
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        try:
-            ext.create_custom_resource_definition(body)
-        except client.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
-    time.sleep(2)
 
 
 def ready_watcher(custom: client.CustomObjectsApi, namespace: str, n: int) -> threading.Event:
@@ -337,17 +321,18 @@ def main() -> int:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
+    session = Run("connect_scale")
     say("starting (or reusing) the local stack")
     info = stack.up()
     api = config.new_client_from_config(config_file=info.kubeconfig)
-    apply_crds(api)
+    crds.apply(api)
     workdir = Path(tempfile.mkdtemp(prefix="fibers-bench-"))
     os.chmod(workdir, 0o755)
     source = workdir / "source.txt"
     source.write_text("".join(f"line {i}\n" for i in range(10)))
     proxy = CountingProxy(info.connect_url)
     proxy_url = proxy.start()
-    results: dict[str, Any] = {"benchmark": "connect_scale", "interval_seconds": args.interval}
+    results: dict[str, Any] = {"interval_seconds": args.interval}
     with httpx.Client(base_url=proxy_url, timeout=60) as connect:  # both paths go through the proxy
         for n in sizes:
             say(f"N={n}: floor (plain REST script)")
@@ -373,7 +358,7 @@ def main() -> int:
         "steady_calls_independent_of_n": len({round(results[str(n)]["steady_calls_per_interval"]) for n in sizes}) == 1,
         "rss_under_150_mib_at_largest": largest["operator_rss_mib"] < 150,
     }
-    print(json.dumps(results))
+    session.report(results)
     return 0
 
 

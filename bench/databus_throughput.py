@@ -16,7 +16,7 @@ In one run it measures:
   configmap_writes_per_s — checkpoint writes per second per consumer (goal ≤ 1).
 The last line printed is one JSON object with every figure.
 
-    .venv/bin/python bench/databus_throughput.py [--events 500000] [--mongo-events 20000]
+    .venv/bin/python -m bench.databus_throughput [--events 500000] [--mongo-events 20000]
 """
 
 from __future__ import annotations
@@ -37,16 +37,13 @@ from kubernetes import client, config
 from pymongo import MongoClient
 
 import fibers_stack as stack
+from bench.machine import Run, say
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, parse_json
 from fibers.databus.runtime import Runtime
 from fibers.databus.sinks import MongoSink
 from fibers.databus.store import BootstrapStore
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
@@ -235,6 +232,7 @@ def main() -> int:
     parser.add_argument("--bootstrap-rows", type=int, default=20_000)
     args = parser.parse_args()
 
+    session = Run("databus_throughput")
     say("starting (or reusing) the local stack")
     info = stack.up()
     core = client.CoreV1Api(config.new_client_from_config(config_file=info.kubeconfig))
@@ -242,7 +240,7 @@ def main() -> int:
     say(f"producing {args.events} records to {topic}")
     produce(info.kafka_bootstrap, topic, args.events)
 
-    results: dict[str, Any] = {"benchmark": "databus_throughput", "events": args.events}
+    results: dict[str, Any] = {"events": args.events}
     results["plain_loop_eps"] = round(plain_loop(info.kafka_bootstrap, topic, args.events))
     say(f"plain loop: {results['plain_loop_eps']} events/s")
     results["plain_loop_parse_json_eps"] = round(plain_loop(info.kafka_bootstrap, topic, args.events, parse_json))
@@ -272,7 +270,7 @@ def main() -> int:
         "noop_ratio_ge_0.7": results["noop_ratio"] >= 0.7,
         "configmap_writes_le_1_per_s": results["configmap_writes_per_s"] <= 1.0,
     }
-    print(json.dumps(results))
+    session.report(results)
     return 0
 
 

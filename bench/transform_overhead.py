@@ -12,7 +12,7 @@ Operator, alternating, in one run:
   driver      — time from apply until the Transform's driver pod is Running.
 The last line printed is one JSON object with every figure.
 
-    .venv/bin/python bench/transform_overhead.py [--records 200000] [--rounds 3]
+    .venv/bin/python -m bench.transform_overhead [--records 200000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
 from confluent_kafka import Producer
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from fibers_stack import namespaces
+from bench.machine import Run, say
+from fibers_stack import crds, namespaces
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
@@ -56,10 +56,6 @@ result.selectExpr("to_json(struct(*)) AS value").write.format("kafka") \\
     .option("kafka.bootstrap.servers", bootstrap).option("topic", out).save()
 spark.stop()
 """
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
@@ -203,16 +199,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
+    session = Run("transform_overhead")
     say("starting (or reusing) the local stack")
     info = stack.up()
     api = config.new_client_from_config(config_file=info.kubeconfig)
-    ext = client.ApiextensionsV1Api(api)
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        try:
-            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-        except client.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
+    crds.apply(api)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     namespaces.create(api, namespace)
     work = Path(tempfile.mkdtemp(prefix="fibers-bench-"))
@@ -249,9 +240,7 @@ def main() -> int:
         log.close()
         client.CoreV1Api(api).delete_namespace(namespace)
     results: dict[str, Any] = {
-        "benchmark": "transform_overhead",
         "records": args.records,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
         "handwritten_seconds": [round(s, 1) for s in handwritten],
         "transform_seconds": [round(t, 1) for t in transforms],
         "wall_time_ratio": round(statistics.median(transforms) / statistics.median(handwritten), 3),
@@ -262,7 +251,7 @@ def main() -> int:
         "ratio_le_1.05": results["wall_time_ratio"] <= 1.05,
         "submit_lt_1s": results["apply_to_sparkapplication_seconds"] < 1,
     }
-    print(json.dumps(results))
+    session.report(results)
     return 0
 
 

@@ -30,7 +30,7 @@ from pymongo import MongoClient
 
 import fibers_stack as stack
 from fibers.wire import AvroDecoder, Registry
-from fibers_stack import StackInfo, fetch, spark_operator
+from fibers_stack import StackInfo, crds, fetch, spark_operator
 from fibers_stack.apicurio import CCOMPAT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,17 +206,7 @@ def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:
 
 
 def _install(api: client.ApiClient, info: StackInfo) -> None:
-    ext = client.ApiextensionsV1Api(api)
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        try:
-            current = ext.read_custom_resource_definition(body["metadata"]["name"])
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version if current.metadata else None
-            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            ext.create_custom_resource_definition(body)
+    crds.apply(api)
     core = client.CoreV1Api(api)
     labels = {spark_operator.JOB_NAMESPACE_LABEL: "enabled"}  # the Spark Operator runs its SparkApplications
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE, labels=labels)))

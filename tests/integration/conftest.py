@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from fibers_stack import StackInfo, namespaces, platform_resources
+from fibers_stack import crds as fibers_crds
 from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
 from tests.helpers import wait_for
 
@@ -31,26 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def crds(kube: ApiClient) -> None:
     """Install (or update) every CRD in crds/ and wait until each is served."""
-    ext = client.ApiextensionsV1Api(kube)
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        name = body["metadata"]["name"]
-        try:
-            current = ext.read_custom_resource_definition(name)
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(name, body)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            ext.create_custom_resource_definition(body)
-        wait_for(
-            lambda n=name: any(
-                c.type == "Established" and c.status == "True"
-                for c in ext.read_custom_resource_definition(n).status.conditions or []
-            ),
-            timeout=30,
-            what=f"CRD {name} established",
-        )
+    fibers_crds.apply(kube)
 
 
 STACK_CLUSTER = "stack"  # the ConnectCluster of the stack's Kafka Connect: the test operators' default

@@ -1,0 +1,48 @@
+"""What every benchmark shares: progress lines a person can read, and the machine's load around the run.
+
+Two cores are shared with Kafka, Kafka Connect, the API server and the kubelet, so one figure
+means little without the load it was measured under. Each benchmark opens a `Run` at its start
+and ends with `Run.report(results)`: the last line printed is one JSON object with the figures,
+the load average (1, 5 and 15 minutes) before and after, and how long the run took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+
+def say(message: str) -> None:
+    """A progress line, timestamped, flushed at once (benchmarks run for minutes)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class Run:
+    """One benchmark run: the machine's load when it started, and the report at its end."""
+
+    def __init__(self, benchmark: str) -> None:
+        self.benchmark = benchmark
+        self.started = time.monotonic()
+        self.load_before = load_average()
+        say(f"{benchmark}: {os.cpu_count()} CPUs, load average {self.load_before} (1, 5, 15 min)")
+
+    def machine(self) -> dict[str, Any]:
+        """The machine's figures for the report, read now."""
+        after = load_average()
+        say(f"{self.benchmark}: load average {self.load_before} before, {after} after")
+        return {
+            "cpus": os.cpu_count(),
+            "load_average_before": self.load_before,
+            "load_average_after": after,
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+
+    def report(self, results: dict[str, Any]) -> None:
+        """Print the last line: one JSON object with every figure and the machine's load."""
+        print(json.dumps({"benchmark": self.benchmark, **results, "machine": self.machine()}), flush=True)
