@@ -34,6 +34,25 @@ def test_a_replay_never_moves_a_document_back(mongo: MongoClient[dict[str, Any]]
     assert collection.find_one({"_id": "b"}) == {"_id": "b", "id": "b", "v": 3, "_scn": 20}
 
 
+def test_a_new_owner_inserts_new_rows_and_keeps_newer_stored_ones(
+    mongo: MongoClient[dict[str, Any]], unique: str
+) -> None:
+    """New rows are inserted without a read; a stored row the insert collides with goes through the guard."""
+    collection = mongo["guarded"][unique]
+    GuardedCollection(collection).apply([change(f"k{i:03d}", 100 + i, v="stored") for i in range(0, 120, 2)])
+    # More keys than one bulk and than FEW_KEYS, half of them stored (with newer SCNs than the replay's).
+    replay = [change(f"k{i:03d}", 50 + i, v="replayed") for i in range(120)]
+    GuardedCollection(collection).apply(replay)
+    docs = {d["_id"]: (d["v"], d["_scn"]) for d in collection.find()}
+    assert len(docs) == 120
+    assert all(docs[f"k{i:03d}"] == ("stored", 100 + i) for i in range(0, 120, 2))
+    assert all(docs[f"k{i:03d}"] == ("replayed", 50 + i) for i in range(1, 120, 2))
+    # A newer change of a stored key, unknown to a third owner, replaces it.
+    GuardedCollection(collection).apply([change("k000", 500, v="newer"), change("k001", 10, v="older")])
+    assert collection.find_one({"_id": "k000"}) == {"_id": "k000", "id": "k000", "v": "newer", "_scn": 500}
+    assert collection.find_one({"_id": "k001"})["v"] == "replayed"
+
+
 def test_more_changes_than_one_bulk_write_are_all_applied(mongo: MongoClient[dict[str, Any]], unique: str) -> None:
     collection = mongo["guarded"][unique]
     GuardedCollection(collection, {"_partition": 0}).apply([change(f"k{i:03d}", i + 1, v=i) for i in range(180)])

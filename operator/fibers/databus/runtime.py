@@ -425,6 +425,12 @@ class Runtime:
                 )
                 if event is None:
                     continue
+                if event.window.__class__ is int:  # a record of its own (no transaction): a whole window
+                    if window:
+                        ready.append(window)
+                        window, window_id = [], None
+                    ready.append([event])
+                    continue
                 if (event.window, event.partition, event.topic) != window_id or len(window) >= max_events:
                     if window:
                         ready.append(window)
@@ -432,8 +438,8 @@ class Runtime:
                     window_id = (event.window, event.partition, event.topic)
                 else:
                     window.append(event)
-            # A single record is a whole window; a transaction is complete once the relay goes quiet.
-            if window and (not messages or isinstance(window[0].window, int)):
+            # A transaction is complete once the relay goes quiet.
+            if window and not messages:
                 ready.append(window)
                 window, window_id = [], None
             if ready:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pymongo import ASCENDING, DeleteOne, InsertOne, ReplaceOne
 from pymongo.database import Database
-from pymongo.errors import CursorNotFound
+from pymongo.errors import BulkWriteError, CursorNotFound
 
 from fibers.databus.events import ChangeEvent
 
@@ -31,6 +31,7 @@ def log_id(partition: int, offset: int) -> str:
 
 
 FEW_KEYS = 8  # unknown keys read one by one; more are read with one $in query
+DUPLICATE_KEY = 11000  # MongoDB's error code for an insert of an _id that exists
 BULK_LIMIT = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
 
 
@@ -72,6 +73,36 @@ class GuardedCollection:
         for doc in found:
             self.known[str(doc["_id"])] = (int(doc.get("_scn", -1)), True)
 
+    def _insert_unknown(self, latest: dict[str, ChangeEvent]) -> None:
+        """Insert the rows of keys not remembered, as if new; the keys that exist fail and are learnt.
+
+        Change streams are mostly new rows: this writes them without reading first (reading an absent
+        `_id` is a collection scan on FerretDB, and a round trip anywhere). An insert never overwrites,
+        so a key the store holds keeps its document, and goes through the SCN guard in `apply`.
+        """
+        fresh = [e for key, e in latest.items() if key not in self.known and e.document is not None]
+        for start in range(0, len(fresh), BULK_LIMIT):
+            chunk = fresh[start : start + BULK_LIMIT]
+            operations = [InsertOne({"_id": e.key, **self._document(e)}) for e in chunk]
+            exists: set[int] = set()
+            try:
+                self.collection.bulk_write(operations, ordered=False)
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors") or []
+                if any(error.get("code") != DUPLICATE_KEY for error in errors) or not errors:
+                    self.known.clear()
+                    raise
+                exists = {int(error["index"]) for error in errors}
+            for index, event in enumerate(chunk):
+                if index not in exists:
+                    self.known[event.key] = (event.scn, True)
+
+    def _document(self, event: ChangeEvent) -> dict[str, Any]:
+        """The row as stored: its columns (a column named _id gives way to the key), extras, and its SCN."""
+        doc = {**(event.document or {}), **self.extra, "_scn": event.scn}
+        doc.pop("_id", None)
+        return doc
+
     def apply(self, events: list[ChangeEvent]) -> None:
         latest: dict[str, ChangeEvent] = {}
         for event in events:
@@ -80,6 +111,7 @@ class GuardedCollection:
             self.known.clear()  # bounded memory; forgotten keys are read again
         operations: list[Any] = []
         applied: list[ChangeEvent] = []
+        self._insert_unknown(latest)
         self._learn(list(latest))
         for key, event in latest.items():
             scn, exists = self.known[key]
@@ -91,8 +123,7 @@ class GuardedCollection:
                     continue
                 operations.append(DeleteOne({"_id": key}))
             else:
-                doc = {**event.document, **self.extra, "_scn": event.scn}
-                doc.pop("_id", None)
+                doc = self._document(event)
                 operations.append(
                     ReplaceOne({"_id": key}, doc, upsert=True) if exists else InsertOne({"_id": key, **doc})
                 )
