@@ -12,21 +12,10 @@ an event: only its host and port are kept.
 
 from __future__ import annotations
 
-import functools
 import logging
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
-
-import attr
-from openlineage.client import OpenLineageClient
-from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
-from openlineage.client.facet_v2 import RunFacet
-from openlineage.client.generated.error_message_run import ErrorMessageRunFacet
-from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
-from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
-from openlineage.client.transport.kafka import KafkaConfig, KafkaTransport
 
 log = logging.getLogger("fibers.lineage")
 
@@ -34,22 +23,19 @@ PRODUCER = "https://github.com/fibers-dev/fibers"
 FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/IngestionRunFacet.json"
 
 
-@attr.define
-class IngestionRunFacet(RunFacet):
+@dataclass
+class IngestionRunFacet:
     """What a run ingested (DataFibers' df_meta): rows in and out, files, Kafka offsets per partition.
 
-    Offsets are a list, not a map by topic: topic names hold dots, which document stores refuse in keys."""
+    Sent as the `fibers_ingestion` run facet. Offsets are a list, not a map by topic: topic names hold
+    dots, which document stores refuse in keys."""
 
-    kind: str = attr.field(default="")
-    rowsIn: int | None = attr.field(default=None)
-    rowsOut: int | None = attr.field(default=None)
-    streamedBack: int | None = attr.field(default=None)
-    files: list[str] = attr.field(factory=list)
-    offsets: list[dict[str, Any]] = attr.field(factory=list)  # Kafka read: {topic, partition, first, last} each
-
-    @staticmethod
-    def _get_schema() -> str:
-        return FACET_SCHEMA
+    kind: str = ""
+    rowsIn: int | None = None
+    rowsOut: int | None = None
+    streamedBack: int | None = None
+    files: list[str] = field(default_factory=list)
+    offsets: list[dict[str, Any]] = field(default_factory=list)  # Kafka read: {topic, partition, first, last} each
 
 
 @dataclass(frozen=True)
@@ -101,79 +87,38 @@ def files(path: str, rows: int | None = None) -> DatasetRef:
     return DatasetRef("file", path, rows)
 
 
-@functools.cache
-def _client(topic: str, bootstrap_servers: str) -> OpenLineageClient:
-    """One client (one Kafka producer) per topic, shared by every run a process reports."""
-    config = KafkaConfig(
-        topic=topic, config={"bootstrap.servers": bootstrap_servers, "message.timeout.ms": "15000"}, flush=True
-    )
-    return OpenLineageClient(transport=KafkaTransport(config))
-
-
 @dataclass(frozen=True)
 class Emitter:
     """Sends one run's events. Emitting never fails the run: a lineage topic that cannot be written is
-    logged, and the work goes on."""
+    logged, and the work goes on. The OpenLineage client is imported on the first event: a process
+    that reports no lineage (the operator, most of all) never loads it (~25 MiB)."""
 
     settings: Settings
 
-    def _transport(self) -> OpenLineageClient:
-        return _client(self.settings.topic, self.settings.bootstrap_servers)
-
     def start(self, inputs: list[DatasetRef], outputs: list[DatasetRef]) -> None:
-        self._emit(RunState.START, inputs, outputs, {})
+        self._emit("START", inputs, outputs)
 
     def complete(self, inputs: list[DatasetRef], outputs: list[DatasetRef], ingestion: IngestionRunFacet) -> None:
-        self._emit(RunState.COMPLETE, inputs, outputs, {"fibers_ingestion": ingestion})
+        self._emit("COMPLETE", inputs, outputs, ingestion=ingestion)
 
     def fail(self, inputs: list[DatasetRef], outputs: list[DatasetRef], message: str) -> None:
-        error = ErrorMessageRunFacet(message=message, programmingLanguage="python")
-        self._emit(RunState.FAIL, inputs, outputs, {"errorMessage": error})
+        self._emit("FAIL", inputs, outputs, error=message)
 
     def _emit(
-        self, state: RunState, inputs: list[DatasetRef], outputs: list[DatasetRef], facets: dict[str, RunFacet]
+        self,
+        state: str,
+        inputs: list[DatasetRef],
+        outputs: list[DatasetRef],
+        *,
+        ingestion: IngestionRunFacet | None = None,
+        error: str | None = None,
     ) -> None:
-        event = build(self.settings, state, inputs, outputs, facets)
         try:
-            self._transport().emit(event)
+            from fibers import lineage_events
+
+            event = lineage_events.build(self.settings, state, inputs, outputs, ingestion=ingestion, error=error)
+            lineage_events.send(self.settings, event)
         except Exception as exc:  # lineage is a report on the work, never a reason for it to fail
-            log.warning("could not emit a lineage event: %s", exc, extra={"event": state.value})
+            log.warning("could not emit a lineage event: %s", exc, extra={"event": state})
         else:
-            log.info("lineage event", extra={"event": state.value, "job": self.settings.job})
-
-
-def build(
-    settings: Settings,
-    state: RunState,
-    inputs: list[DatasetRef],
-    outputs: list[DatasetRef],
-    facets: dict[str, RunFacet],
-) -> RunEvent:
-    """One run event (pure)."""
-    return RunEvent(
-        eventType=state,
-        eventTime=datetime.now(UTC).isoformat(),
-        run=Run(runId=settings.run_id, facets=facets),
-        job=Job(namespace=settings.namespace, name=settings.job),
-        producer=PRODUCER,
-        inputs=[
-            InputDataset(
-                namespace=d.namespace,
-                name=d.name,
-                inputFacets={"inputStatistics": InputStatisticsInputDatasetFacet(rowCount=d.rows)}
-                if d.rows is not None
-                else {},
-            )
-            for d in inputs
-        ],
-        outputs=[
-            OutputDataset(
-                namespace=d.namespace,
-                name=d.name,
-                outputFacets={"outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=d.rows)}
-                if d.rows is not None
-                else {},
-            )
-            for d in outputs
-        ],
-    )
+            log.info("lineage event", extra={"event": state, "job": self.settings.job})

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
-from openlineage.client.event_v2 import RunState
 from openlineage.client.serde import Serde
 
-from fibers import lineage
+from fibers import lineage, lineage_events
 
 SETTINGS = lineage.Settings(
     "lin", "kafka:9092,kafka2:9092", "fibers", "shop.transform.report", "0b9a1e6e-57a4-4b2f-9f0e-3d1c2b6b7a10"
@@ -31,12 +32,12 @@ def test_a_complete_event_carries_row_counts_and_the_ingestion_facet() -> None:
     facet = lineage.IngestionRunFacet(
         kind="Transform", rowsIn=7, rowsOut=2, offsets=[{"topic": "a.b", "partition": 0, "first": 0, "last": 6}]
     )
-    event = lineage.build(
+    event = lineage_events.build(
         SETTINGS,
-        RunState.COMPLETE,
+        "COMPLETE",
         [lineage.kafka("kafka:9092", "orders", 7)],
         [lineage.files("/data/out", 2)],
-        {"fibers_ingestion": facet},
+        ingestion=facet,
     )
     body = json.loads(Serde.to_json(event))
     assert body["eventType"] == "COMPLETE" and body["run"]["runId"] == SETTINGS.run_id
@@ -45,8 +46,25 @@ def test_a_complete_event_carries_row_counts_and_the_ingestion_facet() -> None:
     assert body["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 2
     ingestion = body["run"]["facets"]["fibers_ingestion"]
     assert (ingestion["rowsIn"], ingestion["rowsOut"], ingestion["offsets"][0]["topic"]) == (7, 2, "a.b")
-    assert ingestion["_schemaURL"] == lineage.FACET_SCHEMA
+    assert ingestion["_schemaURL"] == lineage_events.FACET_SCHEMA
 
 
 def test_settings_round_trip_through_the_rendered_spec() -> None:
     assert lineage.Settings.from_dict(SETTINGS.to_dict()) == SETTINGS
+
+
+def test_a_failed_run_carries_the_error_message_facet() -> None:
+    event = lineage_events.build(SETTINGS, "FAIL", [], [], error="division by zero")
+    body = json.loads(Serde.to_json(event))
+    assert body["eventType"] == "FAIL"
+    assert body["run"]["facets"]["errorMessage"]["message"] == "division by zero"
+
+
+def test_the_operator_and_the_consumer_runtime_do_not_load_the_openlineage_client() -> None:
+    """It costs a process ~25 MiB; only a run that reports lineage imports it (on its first event)."""
+    code = (
+        "import sys, fibers.controller, fibers.databus.runtime, fibers.jobs.spec; "
+        "print(sorted(m for m in sys.modules if m.startswith('openlineage')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
