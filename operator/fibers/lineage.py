@@ -19,9 +19,6 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("fibers.lineage")
 
-PRODUCER = "https://github.com/fibers-dev/fibers"
-FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/IngestionRunFacet.json"
-
 
 @dataclass
 class IngestionRunFacet:
@@ -30,7 +27,7 @@ class IngestionRunFacet:
     Sent as the `fibers_ingestion` run facet. Offsets are a list, not a map by topic: topic names hold
     dots, which document stores refuse in keys."""
 
-    kind: str = ""
+    kind: str = ""  # the field names are the facet's (camelCase)
     rowsIn: int | None = None
     rowsOut: int | None = None
     streamedBack: int | None = None

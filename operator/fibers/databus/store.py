@@ -45,10 +45,10 @@ class GuardedCollection:
     """A collection written in SCN order per key: a change older than the stored one is skipped.
 
     What each key holds (its SCN, and whether a document exists) is remembered after every write,
-    deletes included, so a replayed older insert cannot bring a deleted row back. Only keys not
-    remembered are read (see `_learn`). Both serve FerretDB on SQLite, which scans the whole
-    collection for every update or delete: knowing that a key is absent turns its write into a
-    plain insert.
+    deletes included, so a replayed older insert cannot bring a deleted row back. A key not
+    remembered is first inserted as a new row (see `_insert_unknown`); only the keys that turn out
+    to exist, and deletes, are read (see `_learn`). Both serve FerretDB on SQLite, which scans the
+    whole collection for every update or delete and for every read of an absent `_id`.
     Remembering is safe because one consumer instance owns each key's partition exclusively; a
     new owner starts with an empty memory and reads.
     """
