@@ -43,7 +43,7 @@ from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, parse_json
 from fibers.databus.runtime import Runtime
 from fibers.databus.sinks import MongoSink
-from fibers.databus.store import BULK_LIMIT, BootstrapStore
+from fibers.databus.store import BootstrapStore, bulk_write
 
 
 def produce(bootstrap: str, topic: str, n: int, keys: int = 10_000) -> None:
@@ -87,8 +87,7 @@ def plain_mongo(bootstrap: str, topic: str, n: int, uri: str) -> float:
                 latest[(message.key() or b"").decode()] = json.loads(message.value() or b"")
                 seen += 1
         writes = [ReplaceOne({"_id": k}, doc, upsert=True) for k, doc in latest.items()]
-        for start in range(0, len(writes), BULK_LIMIT):  # FerretDB v1 hangs on larger bulks of replaces
-            collection.bulk_write(writes[start : start + BULK_LIMIT])
+        bulk_write(collection, writes)  # in chunks: FerretDB v1 hangs on larger bulks of replaces
     elapsed = time.monotonic() - started
     consumer.close()
     return n / elapsed
