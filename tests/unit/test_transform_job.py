@@ -20,9 +20,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from fibers import spark as fibers_spark
+from fibers.jobs import inputs, outputs, report
 from fibers.jobs import transform as job
+from fibers.jobs.report import JobResult
 from fibers.jobs.spec import JobSpec, KafkaSource, MongoSink, MongoSource, SpecError
-from fibers.jobs.transform import JobResult
 
 ORDERS = [
     {"id": 1, "customer": "ada", "amount": 10.0},
@@ -165,14 +166,14 @@ def kafka_frame(spark: SparkSession, values: list[str | None]) -> DataFrame:
 
 def test_kafka_values_parsed_with_the_schema_and_tombstones_dropped(spark: SparkSession) -> None:
     raw = kafka_frame(spark, ['{"after": {"id": 7, "amount": 1.5}, "op": "c"}', None])
-    decoded = job.decode_kafka(raw, "after STRUCT<id INT, amount DOUBLE>, op STRING")
+    decoded = inputs.decode_kafka(raw, "after STRUCT<id INT, amount DOUBLE>, op STRING")
 
     assert decoded.columns == ["after", "op"]
     assert [(r.after.id, r.after.amount, r.op) for r in decoded.collect()] == [(7, 1.5, "c")]
 
 
 def test_kafka_records_without_schema_are_strings(spark: SparkSession) -> None:
-    decoded = job.decode_kafka(kafka_frame(spark, ["hello"]), None)
+    decoded = inputs.decode_kafka(kafka_frame(spark, ["hello"]), None)
 
     assert decoded.columns == ["key", "value", "topic", "partition", "offset", "timestamp"]
     assert (decoded.first() or Row()).asDict()["value"] == "hello"
@@ -181,15 +182,15 @@ def test_kafka_records_without_schema_are_strings(spark: SparkSession) -> None:
 def test_kafka_output_is_the_row_as_json_keyed_by_the_key_column(spark: SparkSession) -> None:
     frame = spark.createDataFrame([(1, "ada", 2.5)], "id INT, `cust.name` STRING, amount DOUBLE")
 
-    keyed = job.kafka_records(frame, "id").collect()
+    keyed = outputs.kafka_records(frame, "id").collect()
     assert [(r.key, json.loads(r.value)) for r in keyed] == [("1", {"id": 1, "cust.name": "ada", "amount": 2.5})]
-    assert job.kafka_records(frame, None).columns == ["value"]
+    assert outputs.kafka_records(frame, None).columns == ["value"]
 
 
 def test_mongodb_documents_become_a_dataframe(spark: SparkSession) -> None:
     oid = ObjectId()
     docs = [{"_id": oid, "name": "ada", "address": {"city": "Paris"}, "since": datetime(2024, 5, 1, 12, 0)}]
-    frame = job.documents_frame(spark, docs, None)
+    frame = inputs.documents_frame(spark, docs, None)
 
     row = frame.first()
     assert row is not None
@@ -199,7 +200,7 @@ def test_mongodb_documents_become_a_dataframe(spark: SparkSession) -> None:
         "Paris",
         "2024-05-01T12:00:00",
     )
-    assert job.documents_frame(spark, [], "id INT, name STRING").columns == ["id", "name"]
+    assert inputs.documents_frame(spark, [], "id INT, name STRING").columns == ["id", "name"]
 
 
 def test_mongodb_input_reads_the_uri_from_the_named_variable(
@@ -221,12 +222,12 @@ def test_mongodb_input_reads_the_uri_from_the_named_variable(
     monkeypatch.setenv("FIBERS_INPUT_PEOPLE_URI", "mongodb://user:secret@db:27017/")
     source = MongoSource("FIBERS_INPUT_PEOPLE_URI", "db", "people")
 
-    assert [r.name for r in job.read_mongodb(spark, source).collect()] == ["ada"]
+    assert [r.name for r in inputs.read_mongodb(spark, source).collect()] == ["ada"]
     assert seen == {"uri": "mongodb://user:secret@db:27017/", "closed": True}
 
     monkeypatch.delenv("FIBERS_INPUT_PEOPLE_URI")
     with pytest.raises(RuntimeError, match="FIBERS_INPUT_PEOPLE_URI is not set"):
-        job.read_mongodb(spark, source)
+        inputs.read_mongodb(spark, source)
 
 
 class FakeCollection:
@@ -244,7 +245,7 @@ def test_mongodb_output_upserts_by_id_column_or_inserts() -> None:
     from pymongo import ReplaceOne
 
     upserts = FakeCollection()
-    assert job.store_documents(upserts, [{"id": 1, "n": "a"}, {"id": 2, "n": "b"}], "id") == 2  # type: ignore[arg-type]
+    assert outputs.store_documents(upserts, [{"id": 1, "n": "a"}, {"id": 2, "n": "b"}], "id") == 2  # type: ignore[arg-type]
     [(call, requests)] = upserts.calls
     assert call == "bulk_write"
     assert requests == [
@@ -253,15 +254,18 @@ def test_mongodb_output_upserts_by_id_column_or_inserts() -> None:
     ]
 
     inserts = FakeCollection()
-    job.store_documents(inserts, ({"n": i} for i in range(job.MONGO_BATCH + 1)), None)  # type: ignore[arg-type]
-    assert [(call, len(docs)) for call, docs in inserts.calls] == [("insert_many", job.MONGO_BATCH), ("insert_many", 1)]
+    outputs.store_documents(inserts, ({"n": i} for i in range(outputs.MONGO_BATCH + 1)), None)  # type: ignore[arg-type]
+    assert [(call, len(docs)) for call, docs in inserts.calls] == [
+        ("insert_many", outputs.MONGO_BATCH),
+        ("insert_many", 1),
+    ]
 
     with pytest.raises(ValueError, match="no value in idColumn"):
-        job.store_documents(FakeCollection(), [{"id": None}], "id")  # type: ignore[arg-type]
+        outputs.store_documents(FakeCollection(), [{"id": None}], "id")  # type: ignore[arg-type]
 
 
 def test_rows_are_made_bson_ready() -> None:
-    converted = job.bson_ready({"price": Decimal("1.50"), "day": date(2024, 1, 2), "tags": ({1: "x"},)})
+    converted = outputs.bson_ready({"price": Decimal("1.50"), "day": date(2024, 1, 2), "tags": ({1: "x"},)})
     assert converted == {"price": 1.5, "day": datetime(2024, 1, 2), "tags": [{"1": "x"}]}
 
 
@@ -274,8 +278,8 @@ def test_a_python_worker_failure_is_reported_by_its_cause() -> None:
         "pymongo.errors.ServerSelectionTimeoutError: db:27017: timed out\n"
         "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)\n"
     )
-    assert job.python_worker_error(relayed) == "pymongo.errors.ServerSelectionTimeoutError: db:27017: timed out"
-    assert job.python_worker_error("org.apache.spark.SparkException: no traceback here") is None
+    assert report.python_worker_error(relayed) == "pymongo.errors.ServerSelectionTimeoutError: db:27017: timed out"
+    assert report.python_worker_error("org.apache.spark.SparkException: no traceback here") is None
 
 
 # --- the spec ------------------------------------------------------------------------------------
@@ -477,13 +481,13 @@ def test_the_error_config_map_holds_the_message(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr("fibers.kube.load_client", lambda: object())
     monkeypatch.setattr(client, "CoreV1Api", FakeCore)
-    job._core_api.cache_clear()
-    assert job.write_error_config_map("shop", "cm", "orders-report", "[X] " + "y" * 20_000)
+    report._core_api.cache_clear()
+    assert report.write_error_config_map("shop", "cm", "orders-report", "[X] " + "y" * 20_000)
     [body] = bodies
     assert set(body.data) == {"error"} and body.data["error"].startswith("[X] ")
-    assert len(body.data["error"]) == job.ERROR_LIMIT
+    assert len(body.data["error"]) == report.ERROR_LIMIT
     assert body.metadata.labels["fibers.dev/transform"] == "orders-report"
-    job._core_api.cache_clear()
+    report._core_api.cache_clear()
 
 
 class FakeBuilder:
@@ -558,17 +562,17 @@ def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr("fibers.kube.load_client", lambda: object())
     monkeypatch.setattr(client, "CoreV1Api", FakeCore)
-    job._core_api.cache_clear()  # the client is made once per process; make it again with the fakes
+    report._core_api.cache_clear()  # the client is made once per process; make it again with the fakes
 
-    assert job.write_result_config_map("shop", "cm", "orders-report", JobResult(3, 3, 1.23456))
+    assert report.write_result_config_map("shop", "cm", "orders-report", JobResult(3, 3, 1.23456))
     assert calls == [
         ("create", {"recordsOut": "3", "streamedBack": "3", "seconds": "1.235"}),
         ("replace", ("shop", "cm")),
     ]
     calls.clear()
-    job.write_result_config_map("shop", "cm", "orders-report", JobResult(3, None, 2.0))
+    report.write_result_config_map("shop", "cm", "orders-report", JobResult(3, None, 2.0))
     assert calls[0] == ("create", {"recordsOut": "3", "streamedBack": "", "seconds": "2.0"})
-    job._core_api.cache_clear()
+    report._core_api.cache_clear()
 
 
 def test_sigterm_and_sigint_only_ask_the_streaming_loop_to_stop() -> None:
@@ -656,5 +660,5 @@ def test_a_failing_streaming_query_raises_with_sparks_message(spark: SparkSessio
 
     with pytest.raises(StreamingQueryException) as failure:
         job.run_streaming(spark, spec, threading.Event())
-    assert "poisoned record" in job.error_message(failure.value)
+    assert "poisoned record" in report.error_message(failure.value)
     assert not spark.streams.active

@@ -1,0 +1,166 @@
+"""The Transform job's inputs: each one read into a DataFrame and registered as a view the SQL can name.
+
+`build_views` hands each input to the reader of its kind (Kafka, files, MongoDB), so a new kind of input
+is a reader here; its spec lives in `fibers.jobs.spec`, and its name as a lineage dataset in
+`fibers.jobs.report`. `input_statistics` reads the inputs once more, for lineage: the rows of each, and
+the Kafka offsets read per partition.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import date, datetime
+from typing import Any, cast
+
+from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from fibers.jobs import avro
+from fibers.jobs.mongo import MONGO_TIMEOUT_MS, env_value
+from fibers.jobs.spec import FilesSource, JobSpec, KafkaSource, MongoSource, Source
+
+log = logging.getLogger("fibers.jobs.inputs")
+
+
+def build_views(spark: SparkSession, spec: JobSpec) -> dict[str, DataFrame]:
+    """Read every input and register it as a temp view, so the SQL can name it."""
+    views: dict[str, DataFrame] = {}
+    for item in spec.inputs:
+        frame = _read(spark, spec, item.source)
+        frame.createOrReplaceTempView(item.name)
+        views[item.name] = frame
+        log.info("input ready", extra={"view": item.name, "kind": type(item.source).__name__})
+    return views
+
+
+def _read(spark: SparkSession, spec: JobSpec, source: Source) -> DataFrame:
+    if isinstance(source, KafkaSource):
+        return _read_kafka(spark, spec, source)
+    if isinstance(source, FilesSource):
+        return _read_files(spark, spec.streaming, source)
+    return read_mongodb(spark, source)
+
+
+def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrame:
+    """Batch reads what the topics hold now (start → latest); streaming follows them from the start."""
+    if spec.streaming:
+        raw = spark.readStream.format("kafka").options(**_kafka_options(spec, source)).load()
+    else:
+        raw = _kafka_reader(spark, spec, source).load()
+    if source.avro is not None:
+        return avro.decode(raw, source.avro, streaming=spec.streaming)
+    return decode_kafka(raw, source.schema)
+
+
+def _kafka_options(spec: JobSpec, source: KafkaSource) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": cast(str, spec.bootstrap_servers),
+        "subscribe": ",".join(source.topics),
+        "startingOffsets": source.starting_offsets,
+    }
+
+
+def _kafka_reader(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrameReader:
+    """A batch read of what the topics hold when it runs (their start, or latest, up to latest)."""
+    return spark.read.format("kafka").options(**_kafka_options(spec, source), endingOffsets="latest")
+
+
+def decode_kafka(raw: DataFrame, schema: str | None) -> DataFrame:
+    """Kafka rows as the SQL wants them: the JSON value's fields when a schema is given, else the record.
+
+    Tombstones (null values, as Debezium emits after a delete) carry no fields and are dropped when
+    a schema is given.
+    """
+    if schema is None:
+        return raw.select(
+            F.col("key").cast("string").alias("key"),
+            F.col("value").cast("string").alias("value"),
+            "topic",
+            "partition",
+            "offset",
+            "timestamp",
+        )
+    parsed = F.from_json(F.col("value").cast("string"), schema).alias("parsed")
+    return raw.where(F.col("value").isNotNull()).select(parsed).select("parsed.*")
+
+
+def _read_files(spark: SparkSession, streaming: bool, source: FilesSource) -> DataFrame:
+    if streaming:
+        stream_reader = spark.readStream.format(source.format).options(**source.options)
+        if source.schema is not None:
+            stream_reader = stream_reader.schema(source.schema)
+        return stream_reader.load(source.path)
+    reader = spark.read.format(source.format).options(**source.options)
+    if source.schema is not None:
+        reader = reader.schema(source.schema)
+    return reader.load(source.path)
+
+
+def read_mongodb(spark: SparkSession, source: MongoSource) -> DataFrame:
+    """A whole collection read through pymongo in the driver.
+
+    Fine for reference-sized collections (thousands of documents, not millions): every document passes
+    through the driver's memory. FerretDB speaks the MongoDB protocol but has no change streams, so
+    there is no streaming variant.
+    """
+    from pymongo import MongoClient
+
+    uri = env_value(source.uri_env)
+    client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+    try:
+        documents = list(client[source.database][source.collection].find())
+    finally:
+        client.close()
+    log.info("read mongodb collection", extra={"collection": source.collection, "documents": len(documents)})
+    return documents_frame(spark, documents, source.schema)
+
+
+def documents_frame(spark: SparkSession, documents: Iterable[Mapping[str, Any]], schema: str | None) -> DataFrame:
+    """Documents → DataFrame through JSON, so nested documents become structs and ObjectIds strings."""
+    lines = [json.dumps(doc, default=_json_scalar) for doc in documents]
+    if not lines:
+        no_rows: list[Row] = []
+        return spark.createDataFrame(no_rows, StructType() if schema is None else schema)
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.json(spark.sparkContext.parallelize(lines, 1))
+
+
+def _json_scalar(value: Any) -> Any:
+    """BSON values JSON has no type for: ObjectId → hex string, dates → ISO 8601, binary → base64."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return str(value)  # ObjectId, Decimal128, Timestamp, …
+
+
+def input_statistics(
+    spark: SparkSession, spec: JobSpec, views: dict[str, DataFrame]
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Rows read per input, and the Kafka offsets read per partition (one more pass over each input)."""
+    rows: dict[str, int] = {}
+    offsets: list[dict[str, Any]] = []
+    for item in spec.inputs:
+        if isinstance(item.source, KafkaSource):
+            raw = _kafka_reader(spark, spec, item.source).load()
+            ranges = raw.groupBy("topic", "partition").agg(
+                F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"), F.max("offset").alias("last")
+            )
+            rows[item.name] = 0
+            for r in ranges.collect():
+                rows[item.name] += int(r["n"])
+                offsets.append(
+                    {
+                        "topic": r["topic"],
+                        "partition": int(r["partition"]),
+                        "first": int(r["first"]),
+                        "last": int(r["last"]),
+                    }
+                )
+        else:
+            rows[item.name] = views[item.name].count()
+    return rows, offsets

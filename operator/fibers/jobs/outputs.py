@@ -1,0 +1,194 @@
+"""The Transform job's outputs: the result written to its sink (Kafka, files, MongoDB) and the streamBack topic.
+
+Every kind of sink is chosen here, for both modes: `write_outputs` writes a batch run's cached result,
+`start_query` starts a streaming run's query on the same sinks, `RowCounter` counts what the query
+writes and `stop_query` lets a running micro-batch finish first. MongoDB is written from the Spark
+tasks through pymongo, one client per partition, in batches small enough for FerretDB.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import date, datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, cast
+
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+
+from fibers.jobs import avro
+from fibers.jobs.mongo import MONGO_TIMEOUT_MS, env_value
+from fibers.jobs.spec import AvroRef, FilesSink, JobSpec, KafkaSink, Sink, SpecError
+from fibers.redact import redact
+
+if TYPE_CHECKING:
+    from pymongo.collection import Collection
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+log = logging.getLogger("fibers.jobs.outputs")
+
+MONGO_BATCH = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
+
+
+def kafka_records(frame: DataFrame, key_column: str | None, avro_ref: AvroRef | None = None) -> DataFrame:
+    """The key and value columns Kafka's sink wants: the whole row as a JSON object in the value, or as
+    Avro in the registry's wire format."""
+    row = F.struct(*[F.col(_quoted(column)) for column in frame.columns])
+    encoded = F.to_json(row) if avro_ref is None else avro.value(frame, row, avro_ref, "Result")
+    value = encoded.alias("value")
+    if key_column is None:
+        return frame.select(value)
+    return frame.select(F.col(_quoted(key_column)).cast("string").alias("key"), value)
+
+
+def _quoted(column: str) -> str:
+    """A column name Spark takes literally (dots in names would otherwise mean struct fields)."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def write_outputs(spec: JobSpec, result: DataFrame) -> None:
+    """Batch: write the result to the output, then to the streamBack topic (both read the cached result)."""
+    if spec.output is not None:
+        _write_batch(spec, spec.output, result)
+        log.info("output written", extra={"sink": type(spec.output).__name__})
+    if spec.stream_back_topic is not None:
+        _write_batch(spec, KafkaSink(spec.stream_back_topic), result)
+        log.info("result streamed back", extra={"topic": spec.stream_back_topic})
+
+
+def _write_batch(spec: JobSpec, sink: Sink, result: DataFrame) -> None:
+    if isinstance(sink, KafkaSink):
+        writer = kafka_records(result, sink.key_column, sink.avro).write.format("kafka").mode("append")
+        writer.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic).save()
+    elif isinstance(sink, FilesSink):
+        result.write.format(sink.format).options(**sink.options).mode(sink.mode or "overwrite").save(sink.path)
+    else:
+        uri = env_value(sink.uri_env)  # read here: executors of a cluster may not have the variable
+        result.foreachPartition(mongo_partition_writer(uri, sink.database, sink.collection, sink.id_column))
+
+
+def mongo_partition_writer(
+    uri: str, database: str, collection: str, id_column: str | None
+) -> Callable[[Iterator[Row]], None]:
+    """What each Spark task runs: one client per partition, documents sent in batches."""
+
+    def write(rows: Iterator[Row]) -> None:
+        first = next(rows, None)
+        if first is None:
+            return  # no connection for an empty partition
+        from pymongo import MongoClient
+
+        try:
+            client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+            try:
+                documents = (bson_ready(row.asDict(recursive=True)) for row in itertools.chain([first], rows))
+                store_documents(client[database][collection], documents, id_column)
+            finally:
+                client.close()
+        except Exception as exc:
+            # Spark logs a worker's traceback itself (executor and driver logs), out of _fail's reach, and
+            # pymongo names what it takes for a host: a URI that is not one would show whole.
+            raise MongoWriteError(redact(f"{type(exc).__name__}: {exc}", [uri])) from None
+
+    return write
+
+
+class MongoWriteError(Exception):
+    """A Spark task could not write its partition to MongoDB (the message has the URI masked)."""
+
+
+def store_documents(
+    collection: Collection[dict[str, Any]], documents: Iterable[dict[str, Any]], id_column: str | None
+) -> int:
+    """Upsert by id_column (as _id) so a rerun replaces its rows; insert when there is no id column."""
+    from pymongo import ReplaceOne
+
+    stored = 0
+    iterator = iter(documents)
+    while batch := list(itertools.islice(iterator, MONGO_BATCH)):
+        if id_column is None:
+            collection.insert_many(batch, ordered=False)
+        else:
+            collection.bulk_write([ReplaceOne({"_id": _doc_id(d, id_column)}, d, upsert=True) for d in batch])
+        stored += len(batch)
+    return stored
+
+
+def _doc_id(document: dict[str, Any], id_column: str) -> Any:
+    value = document.get(id_column)
+    if value is None:
+        raise ValueError(f"a row has no value in idColumn {id_column!r}; it cannot be upserted")
+    document["_id"] = value
+    return value
+
+
+def bson_ready(value: Any) -> Any:
+    """Spark values BSON cannot encode as they are: decimals, dates without a time, non-string map keys.
+
+    Decimals become doubles: FerretDB has no decimal128 (it drops the connection on one).
+    """
+    if isinstance(value, dict):
+        return {str(k): bson_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [bson_ready(v) for v in value]
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return datetime(value.year, value.month, value.day)
+    return value
+
+
+# --- streaming -----------------------------------------------------------------------------------
+
+
+def start_query(spec: JobSpec, result: DataFrame) -> StreamingQuery:
+    milliseconds = max(1, round(spec.trigger_seconds * 1000))
+    writer = (
+        _stream_writer(spec, result)
+        .queryName(spec.run)
+        .outputMode(spec.output_mode)
+        .option("checkpointLocation", cast(str, spec.checkpoint_location))
+        .trigger(processingTime=f"{milliseconds} milliseconds")
+    )
+    return writer.start()
+
+
+def _stream_writer(spec: JobSpec, result: DataFrame) -> DataStreamWriter:
+    sink = spec.output
+    if isinstance(sink, KafkaSink):
+        records = kafka_records(result, sink.key_column, sink.avro).writeStream.format("kafka")
+        return records.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic)
+    if isinstance(sink, FilesSink):
+        return result.writeStream.format(sink.format).options(**sink.options).option("path", sink.path)
+    raise SpecError("streaming needs a kafka or files output")  # JobSpec.check rules this out
+
+
+def stop_query(query: StreamingQuery, patience_seconds: float = 10.0) -> None:
+    """Let a running micro-batch finish (up to a limit) before stopping, so less work is redone on restart."""
+    if not query.isActive:
+        return
+    deadline = time.monotonic() + patience_seconds
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+class RowCounter:
+    """Sums rows over micro-batches, each once, from the progress reports Spark keeps."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._last_report = ""  # ISO 8601 UTC timestamps of reports sort as strings
+
+    def add(self, progress: Iterable[StreamingQueryProgress]) -> None:
+        for report in progress:
+            if report.timestamp <= self._last_report:
+                continue
+            written = report.sink.numOutputRows
+            self.rows += written if written >= 0 else report.numInputRows
+            self._last_report = report.timestamp
