@@ -32,8 +32,8 @@ log = logging.getLogger("fibers.operator")
 
 def settings_from_env() -> SyncSettings:
     return SyncSettings(
-        interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", "10")),
-        fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", "0.25")),
+        interval=float(os.environ.get("FIBERS_CONNECT_SYNC_INTERVAL", str(SyncSettings.interval))),
+        fast_interval=float(os.environ.get("FIBERS_CONNECT_FAST_INTERVAL", str(SyncSettings.fast_interval))),
         default_cluster=os.environ.get("FIBERS_CONNECT_DEFAULT_CLUSTER") or None,
         lineage=lineage_from(transform_defaults_from_env()),
         kafka_bootstrap=os.environ.get("FIBERS_KAFKA_BOOTSTRAP") or None,
@@ -41,7 +41,9 @@ def settings_from_env() -> SyncSettings:
 
 
 def cluster_settings_from_env() -> ClusterSettings:
-    return ClusterSettings(refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", "300")))
+    return ClusterSettings(
+        refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", str(ClusterSettings.refresh)))
+    )
 
 
 def schema_settings_from_env() -> SchemaSettings:

@@ -15,11 +15,12 @@ from typing import Any
 from fibers import conditions
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
 from fibers.connect.offsets import OffsetsRequest
+from fibers.connect.policy import POLICY
 from fibers.connect.rest import ConnectorView, TaskView
 from fibers.connect.spec import ConnectSpec
 from fibers.redact import redact, truncate
 
-UNASSIGNED_GRACE = timedelta(seconds=30)  # a rebalance moves tasks through UNASSIGNED briefly
+UNASSIGNED_GRACE = timedelta(seconds=POLICY.unassigned_grace)  # a rebalance moves tasks through UNASSIGNED briefly
 # Problems the operator keeps retrying by itself (a Secret is read again until it exists): kstatus
 # Reconciling, not Stalled. Any other problem waits for the user to change something: Stalled.
 WAITING_REASONS = frozenset({"SecretNotFound", "SecretUnreadable", "ClusterNotFound", "NoConnectCluster"})

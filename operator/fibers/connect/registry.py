@@ -5,7 +5,8 @@ credentials and TLS (Secrets read when the cluster is seen, and again while they
 probe that writes its status: reachable, Kafka Connect version, the installed connector plugins (the
 "installed connects" of DataFibers), and the workers and connectors the Connect sync saw in its
 listings. The probe runs when a cluster changes and then every `ClusterSettings.refresh` seconds
-(sooner while it fails); the Connect sync's listings stay the only per-interval call.
+(every `ConnectPolicy.probe_retry` while it fails); the Connect sync's listings stay the only
+per-interval call.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from fibers import conditions
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.connect.clusters import PLURAL, ClusterSpec, SecretKey, parse_cluster
+from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.kube import Kube, SecretMissing, describe
 from fibers.redact import redact
@@ -33,9 +35,9 @@ PROBED = ("version", "commit", "kafkaClusterId", "plugins", "pluginCount", "plug
 
 @dataclass
 class ClusterSettings:
+    """What the deployment gives the registry (see `fibers.controller`); the tuned numbers are `ConnectPolicy`'s."""
+
     refresh: float = 300.0  # seconds between probes of a reachable cluster (version, plugins)
-    retry: float = 10.0  # the same for a cluster that could not be probed
-    parallel_calls: int = 16  # concurrent calls to one Connect cluster
 
 
 class ClusterUnavailable(Exception):
@@ -57,9 +59,10 @@ class Known:
 
 
 class ConnectClusters:
-    def __init__(self, kube: Kube, settings: ClusterSettings) -> None:
+    def __init__(self, kube: Kube, settings: ClusterSettings, policy: ConnectPolicy = POLICY) -> None:
         self.kube = kube
         self.settings = settings
+        self.policy = policy
         self.known: dict[str, Known] = {}
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self.on_change: Callable[[], None] = lambda: None  # the Connect sync re-places its resources
@@ -139,7 +142,13 @@ class ConnectClusters:
             known.problem = f"cannot read a Secret: {describe(exc)}"
             return
         known.problem, known.secrets = "", secrets
-        known.client = ConnectClient(spec.url, parallel=self.settings.parallel_calls, headers=headers, tls=tls)
+        known.client = ConnectClient(
+            spec.url,
+            timeout=self.policy.call_timeout,
+            parallel=self.policy.parallel_calls,
+            headers=headers,
+            tls=tls,
+        )
 
     async def _value(self, ref: SecretKey) -> str:
         return await self.kube.secret_value(ref.namespace, ref.name, ref.key)
@@ -193,9 +202,10 @@ class ConnectClusters:
             due = [k for k in self.known.values() if k.due <= now]
             await asyncio.gather(*(self._probe(k) for k in due), return_exceptions=True)
             waits = [k.due - time.monotonic() for k in self.known.values()]
+            timeout = max(self.policy.probe_floor, min(waits, default=self.settings.refresh))
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.5, min(waits, default=self.settings.refresh)))
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
     async def _probe(self, known: Known) -> None:
         """Ask the cluster what it is and what it has (when the last answer is old), and write the status."""
@@ -224,10 +234,10 @@ class ConnectClusters:
             reason = "CredentialsUnavailable" if isinstance(exc, ClusterUnavailable) else "Unreachable"
             conds = [
                 Condition(READY, False, reason, redact(str(exc), known.secrets)),
-                Condition(RECONCILING, True, reason, f"tried again every {self.settings.retry:.0f} s"),
+                Condition(RECONCILING, True, reason, f"tried again every {self.policy.probe_retry:.0f} s"),
                 Condition(STALLED, False, reason, ""),
             ]
-            known.probed_at, known.due = 0.0, time.monotonic() + self.settings.retry
+            known.probed_at, known.due = 0.0, time.monotonic() + self.policy.probe_retry
         await self._write(known, found, conds)
 
     async def _write(self, known: Known, found: dict[str, Any], conds: list[Condition]) -> None:

@@ -118,13 +118,14 @@ class ConnectClient:
         self,
         url: str,
         *,
-        timeout: float = 15.0,
-        parallel: int = 16,
+        timeout: float,
+        parallel: int,
         headers: dict[str, str] | None = None,
         tls: ssl.SSLContext | bool = True,
     ) -> None:
-        """`headers` carry the credentials (never logged); `tls` is a context with the cluster's CA,
-        True for the system's CAs, or False to skip verification."""
+        """`timeout` and `parallel` are `ConnectPolicy`'s `call_timeout` and `parallel_calls`; `headers` carry
+        the credentials (never logged); `tls` is a context with the cluster's CA, True for the system's CAs,
+        or False to skip verification."""
         self.url = url.rstrip("/")
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeout),

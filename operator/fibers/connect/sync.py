@@ -9,6 +9,7 @@ per cluster per interval, whatever the number of connectors.
 A resource is first placed on a ConnectCluster (`clusters.place`; the clients live in `registry`).
 Before a create or a config change, Kafka Connect validates the config (`validation`); offsets are
 listed, reset and altered on request (`offsets`). The order of the steps is `reconcile.decide`'s.
+What the deployment sets is `SyncSettings`; every number tuned in code is `policy.ConnectPolicy`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -38,6 +40,7 @@ from fibers.api import (
 from fibers.conditions import READY, Condition, format_time, utcnow
 from fibers.connect import clusters, offsets, reconcile, validation
 from fibers.connect.lineage import ConnectLineage
+from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.reconcile import OFFSET_STEPS, Outcome, Step, Target
 from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
@@ -46,15 +49,8 @@ from fibers.kube import Kube, SecretMissing, additions, describe
 from fibers.redact import redact, truncate
 
 log = logging.getLogger("fibers.connect")
-TOPICS_RECHECK = 60.0  # seconds before asking Connect again for a connector that reported no topics
-TOPIC_FAST_ASKS = 4  # asks for a new connector's topics made at the fast pace (after 2, 4, 8, 16 s)
-# A new resource's first status and its progress (Creating → Starting, task counts) are written at
-# most this often; Ready and failures at once. A wave of 500 creates spared ~300 status writes this way.
+# Ready reasons of a new resource's progress, whose status writes are spaced (`ConnectPolicy.startup_status_every`).
 STARTUP_REASONS = frozenset({"Creating", "Starting"})
-STARTUP_STATUS_EVERY = 3.0
-# A connector is not created again this soon after our create succeeded: Connect's listing shows a
-# new connector only after its herder has caught up, and a second POST would only queue a 409 there.
-CREATE_SETTLE = 10.0
 
 # Ready=False reasons worth a Warning event (the others are progress: Creating, Starting, …).
 FAILURE_REASONS = frozenset(
@@ -78,7 +74,6 @@ FAILURE_REASONS = frozenset(
     }
 )
 SECRET_REASONS = frozenset({"SecretNotFound", "SecretUnreadable"})  # re-read while they last
-DELETE_RETRY = 10.0  # seconds between attempts to delete a connector Connect would not delete
 
 
 class InvalidConfig(Exception):
@@ -116,21 +111,23 @@ def _fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
 
 @dataclass
 class SyncSettings:
+    """What the deployment gives the sync (environment, chart, command line; see `fibers.controller`).
+    The numbers tuned in code are `ConnectPolicy`'s."""
+
     interval: float = 10.0  # at rest: one listing per cluster per interval
     fast_interval: float = 0.25  # while some connector converges: a status-only listing is cheap, as a script polls
-    status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
-    parallel_calls: int = 16  # concurrent calls to one Connect cluster
-    topic_refreshes: int = 2  # per cluster per sync, for connectors whose topics are not known yet
-    topic_refreshes_converging: int = 64  # the same while connectors converge (topic look-ups are cheap)
     default_cluster: str | None = None  # the ConnectCluster of Connects without spec.cluster (chart value)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace} of OpenLineage events; None: off
     kafka_bootstrap: str | None = None  # the connectors' Kafka, to name their topics in lineage events
 
 
 class ConnectSync:
-    def __init__(self, kube: Kube, settings: SyncSettings, clusters: ConnectClusters) -> None:
+    def __init__(
+        self, kube: Kube, settings: SyncSettings, clusters: ConnectClusters, policy: ConnectPolicy = POLICY
+    ) -> None:
         self.kube = kube
         self.settings = settings
+        self.policy = policy
         self.clusters = clusters
         self.lineage = ConnectLineage(settings.lineage, settings.kafka_bootstrap)
         clusters.on_change = self._clusters_changed
@@ -309,16 +306,16 @@ class ConnectSync:
                         target, "DeleteFailed", f"cannot delete the connector, retrying: {message}", warning=True
                     )
                     reported = message
-                await asyncio.sleep(DELETE_RETRY)
+                await asyncio.sleep(self.policy.delete_retry)
 
-    @staticmethod
-    async def _delete_connector(client: ConnectClient, connector: str) -> None:
+    async def _delete_connector(self, client: ConnectClient, connector: str) -> None:
         await client.delete(connector)
-        deadline = time.monotonic() + 30
+        wait = self.policy.delete_confirm
+        deadline = time.monotonic() + wait
         while await client.exists(connector):  # DELETE answers before the herder has removed it
             if time.monotonic() > deadline:
-                raise ConnectError(409, f"connector {connector} still present 30 s after DELETE")
-            await asyncio.sleep(0.5)
+                raise ConnectError(409, f"connector {connector} still present {wait:g} s after DELETE")
+            await asyncio.sleep(self.policy.delete_confirm_poll)
 
     def nudge(self, target: Target) -> None:
         """Sync the target's cluster soon (after a short pause that gathers a burst of changes)."""
@@ -363,10 +360,11 @@ class ConnectSync:
         await self._report_unplaced()
         now = time.monotonic()
         waits = [0.0 if c in self._nudged else self._last_sync.get(c, 0) + self._interval(c) - now for c in groups]
+        timeout = max(self.policy.tick_floor, min(waits, default=self.settings.interval))
         self._wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=max(0.2, min(waits, default=self.settings.interval)))
-            await asyncio.sleep(0.2)  # coalesce bursts of applies into one sync
+            await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            await asyncio.sleep(self.policy.burst_gather)  # coalesce bursts of applies into one sync
         except TimeoutError:
             pass
 
@@ -423,9 +421,9 @@ class ConnectSync:
         if any(t.key in self._in_flight for t in targets):
             refresh_budget = [0]
         elif cluster in self._converging:
-            refresh_budget = [self.settings.topic_refreshes_converging]
+            refresh_budget = [self.policy.topic_refreshes_converging]
         else:
-            refresh_budget = [self.settings.topic_refreshes]
+            refresh_budget = [self.policy.topic_refreshes]
 
         # All resources at once: the client bounds the calls to Connect, so status writes of some
         # resources overlap with Connect calls of others. A resource still being reconciled from an
@@ -463,7 +461,7 @@ class ConnectSync:
         return not self._heartbeat_due(target) and not (target.owned and target.topics_due_now())
 
     def _heartbeat_due(self, target: Target) -> bool:
-        return time.monotonic() - self._written.get(target.key, 0) > self.settings.status_heartbeat
+        return time.monotonic() - self._written.get(target.key, 0) > self.policy.status_heartbeat
 
     def _start_reconcile(
         self,
@@ -518,19 +516,26 @@ class ConnectSync:
     async def _reconcile(
         self, client: ConnectClient, target: Target, listing: dict[str, ConnectorView], refresh_budget: list[int]
     ) -> bool:
-        """Act on one resource; True when it needs no further attention now."""
+        """Act on one resource; True when it needs no further attention now.
+
+        The steps, in order (the first four are `reconcile.decide`'s, in Strimzi's order; the first that
+        fails ends them):
+        1. create the connector when Connect lists none (validated, after our claim);
+        2. verify its config: the listing's against the spec's, written again when they differ;
+        3. move its state (a reset or alter of its offsets stops it first, and holds the rest until done);
+        4. restart it, on request or when it failed (auto-restart);
+        5. report: its topics (while unknown, within the sync's budget), the status, and the request
+           annotations done with.
+        """
         assert target.spec is not None
-        spec = target.spec
         target.quiet_view = None  # until this reconcile ends with nothing left to do
         if target.owned and CONNECT_FINALIZER not in target.finalizers:
             await self._claim(target)  # claimed before the operator kept its own finalizer
-        observed = listing.get(spec.connector)
+        observed = listing.get(target.spec.connector)
         if observed is not None and observed.config is not None:
             target.config_verified = observed.config == target.config
         now = utcnow()
-        steps = reconcile.decide(target, observed, now)
-        if Step.CREATE in steps and time.monotonic() - target.created_at < CREATE_SETTLE:
-            steps = []  # created moments ago: Connect lists a connector once its herder has caught up
+        steps = self._steps(target, observed, now)
         outcome = Outcome()
         for step in steps:
             try:
@@ -552,13 +557,7 @@ class ConnectSync:
             outcome.done.append(step)
         if observed and target.owned and (steps or target.topics_due_now()) and refresh_budget[0] > 0:
             refresh_budget[0] -= 1
-            # An empty answer is asked again later, sooner at first: 2 s, 4 s, … up to a minute.
-            target.topic_checks += 1
-            target.topics_due = time.monotonic() + min(2.0**target.topic_checks, TOPICS_RECHECK)
-            try:
-                outcome.topics = await client.topics(spec.connector)
-            except (ConnectError, ConnectUnreachable):
-                outcome.topics = None
+            outcome.topics = await self._topics(client, target)
         status = reconcile.report(target, observed, outcome, now)
         metrics.connector_state(target.namespace, target.name, status.get("connectorState"), status.get("runningTasks"))
         await self._publish(target, status)
@@ -569,13 +568,43 @@ class ConnectSync:
         if Step.RESTART in outcome.done and target.restart_requested:
             target.restart_requested = False
             await self.kube.remove_annotation(PLURAL, target.namespace, target.name, ANNOTATION_RESTART)
-        # Settled: nothing was done and nothing is in flight. A connector waiting out its restart
-        # backoff is settled too; the normal interval is precise enough for that. A new connector's
-        # topics are learnt at the fast pace for its first few asks, so the quiet interval does not
-        # spend its calls on them; a connector that writes nothing does not hold the fast pace.
+        return self._settled(target, observed, steps, status)
+
+    def _steps(self, target: Target, observed: ConnectorView | None, now: datetime) -> list[Step]:
+        """`reconcile.decide`'s steps, but no create moments after ours: Connect lists a connector once
+        its herder has caught up (`ConnectPolicy.create_settle`)."""
+        steps = reconcile.decide(target, observed, now)
+        if Step.CREATE in steps and time.monotonic() - target.created_at < self.policy.create_settle:
+            return []
+        return steps
+
+    async def _topics(self, client: ConnectClient, target: Target) -> list[str] | None:
+        """The connector's topics (None when Connect does not answer). An empty answer is asked again
+        later, sooner at first, then less often up to a cap (`ConnectPolicy.topic_ask_base`, `topic_ask_max`)."""
+        assert target.spec is not None
+        target.topic_checks += 1
+        target.topics_due = time.monotonic() + min(
+            self.policy.topic_ask_base**target.topic_checks, self.policy.topic_ask_max
+        )
+        try:
+            return await client.topics(target.spec.connector)
+        except (ConnectError, ConnectUnreachable):
+            return None
+
+    def _settled(
+        self, target: Target, observed: ConnectorView | None, steps: list[Step], status: dict[str, Any]
+    ) -> bool:
+        """Settled: nothing was done and nothing is in flight. A connector waiting out its restart
+        backoff is settled too; the normal interval is precise enough for that. A new connector's
+        topics are learnt at the fast pace for its first few asks (`ConnectPolicy.topic_fast_asks`), so
+        the quiet interval does not spend its calls on them; a connector that writes nothing does not
+        hold the fast pace."""
         reconciling = conditions.find(status["conditions"], conditions.RECONCILING) or {}
         learning_topics = (
-            observed is not None and target.owned and not status.get("topics") and target.topic_checks < TOPIC_FAST_ASKS
+            observed is not None
+            and target.owned
+            and not status.get("topics")
+            and target.topic_checks < self.policy.topic_fast_asks
         )
         settled = (
             not steps
@@ -752,7 +781,7 @@ class ConnectSync:
             await client.create(spec.connector, target.config, "STOPPED" if reset else spec.connect_state)
             target.config_verified = True
             target.created_at = time.monotonic()
-            target.topics_due = target.created_at + 2.0  # a connector reports topics once it has written
+            target.topics_due = target.created_at + self.policy.topics_after_create
             # No Event here: the Ready (or failure) Event follows within seconds, and a wave of creates
             # would otherwise put one more write per connector on the API server while Connect is busiest.
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
@@ -795,7 +824,7 @@ class ConnectSync:
         if (
             before.get("reason", "Creating") in STARTUP_REASONS  # a new resource has no Ready condition yet
             and after.get("reason") in STARTUP_REASONS
-            and time.monotonic() - self._written.get(target.key, target.first_seen) < STARTUP_STATUS_EVERY
+            and time.monotonic() - self._written.get(target.key, target.first_seen) < self.policy.startup_status_every
             and not offsets_changed
         ):
             return  # the resource is still converging, so a later sync writes what this one skipped

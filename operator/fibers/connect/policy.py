@@ -1,0 +1,65 @@
+"""The Connect reconciler's tuned numbers, in one place, each with the reason for its value.
+
+Two kinds of setting pace the Connect reconciler:
+
+- Given by the deployment (environment, chart, command line), with their defaults where they are
+  read (`fibers.controller`): `SyncSettings` in `fibers.connect.sync` — `interval`
+  (FIBERS_CONNECT_SYNC_INTERVAL, chart `connect.syncIntervalSeconds`), `fast_interval`
+  (FIBERS_CONNECT_FAST_INTERVAL), `default_cluster` (FIBERS_CONNECT_DEFAULT_CLUSTER, `--connect-cluster`)
+  and the lineage settings — and `ClusterSettings.refresh` in `fibers.connect.registry`
+  (FIBERS_CONNECT_CLUSTER_REFRESH, chart `connect.clusterRefreshSeconds`).
+- Learnt from benchmarks and fixed in code: `ConnectPolicy` below. Nothing outside sets them; the
+  sync loop and the ConnectCluster registry hold one as `self.policy` (`POLICY` unless a test passes
+  its own), and `reconcile` reads `POLICY` for the rebalance grace.
+
+Times are in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ConnectPolicy:
+    """Every number the Connect reconciler was tuned with, grouped by concern; one line each says why."""
+
+    # ----- sync pace (the intervals themselves are SyncSettings') ---------------------------------
+    tick_floor: float = 0.2  # shortest wait between two passes of the loop, however soon a cluster is due
+    burst_gather: float = 0.2  # pause after a wake-up, so a burst of applies is synced once, not once each
+    status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
+
+    # ----- creation --------------------------------------------------------------------------------
+    # A connector is not created again this soon after our create succeeded: Connect's listing shows a
+    # new connector only after its herder has caught up, and a second POST would only queue a 409 there.
+    create_settle: float = 10.0
+
+    # ----- startup status --------------------------------------------------------------------------
+    # A new resource's first status and its progress (Creating → Starting, task counts) are written at
+    # most this often; Ready and failures at once. A wave of 500 creates spared ~300 status writes this way.
+    startup_status_every: float = 3.0
+
+    # ----- topics (asked of Connect until a connector reports some) --------------------------------
+    topics_after_create: float = 2.0  # first ask after a create: a connector reports topics once it has written
+    topic_ask_base: float = 2.0  # an empty answer is asked again after base**n s (the n-th ask): 2, 4, 8, 16 …
+    topic_ask_max: float = 60.0  # … up to this: seconds before asking again for a connector that reported none
+    topic_fast_asks: int = 4  # asks for a new connector's topics made at the fast pace (after 2, 4, 8, 16 s)
+    topic_refreshes: int = 2  # asks per cluster per sync at rest, for connectors whose topics are not known yet
+    topic_refreshes_converging: int = 64  # the same while connectors converge (topic look-ups are cheap)
+
+    # ----- deletion --------------------------------------------------------------------------------
+    delete_retry: float = 10.0  # seconds between attempts to delete a connector Connect would not delete
+    delete_confirm: float = 30.0  # DELETE answers before the herder has removed it: wait this long to see it gone
+    delete_confirm_poll: float = 0.5  # … asking whether it still exists this often
+
+    # ----- task health -----------------------------------------------------------------------------
+    unassigned_grace: float = 30.0  # a rebalance moves tasks through UNASSIGNED briefly: Ready stays True that long
+
+    # ----- calls to Connect, and the ConnectCluster probes (their pace at rest is ClusterSettings') --
+    parallel_calls: int = 16  # concurrent calls to one Connect cluster: its herder serialises changes, more only queue
+    call_timeout: float = 15.0  # a REST call to Connect not answered by then counts as unreachable
+    probe_retry: float = 10.0  # seconds between probes of a cluster that could not be probed
+    probe_floor: float = 0.5  # shortest wait between two passes of the probe loop
+
+
+POLICY = ConnectPolicy()
