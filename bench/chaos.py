@@ -152,10 +152,14 @@ def _delete_resources(ctx: Context) -> None:
 
 
 def live_connectors(connect: httpx.Client) -> dict[str, dict[str, Any]]:
-    """Every connector on the cluster: name → {config, state}, in one call."""
+    """Every connector on the cluster: name → {config, state}, in one call. A connector Connect is still
+    creating or deleting lists without info or status: None there (compared as not yet converged)."""
     body = connect.get("/connectors", params=[("expand", "info"), ("expand", "status")]).json()
     return {
-        name: {"config": item["info"]["config"], "state": item["status"]["connector"]["state"]}
+        name: {
+            "config": (item.get("info") or {}).get("config"),
+            "state": ((item.get("status") or {}).get("connector") or {}).get("state"),
+        }
         for name, item in body.items()
     }
 

@@ -47,6 +47,7 @@ def _consume(args: argparse.Namespace) -> int:
     from kubernetes import client
 
     from fibers import termination
+    from fibers.databus import tuning
     from fibers.databus.config import ConsumerConfig
     from fibers.databus.runtime import Runtime
     from fibers.kube import load_client
@@ -67,6 +68,7 @@ def _consume(args: argparse.Namespace) -> int:
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
         return _crashed(exc, config.secrets())
+    tuning.settle_collector()
     try:
         return runtime.run()
     except Exception as exc:  # run() has written the termination message and the FAIL lineage event

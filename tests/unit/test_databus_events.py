@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
+from fibers.databus.callbacks import Callback, Result, Singles, WindowFailed, window_dispatcher
 from fibers.databus.events import ChangeEvent, MalformedEvent, decode, parse_json
 
 
@@ -26,6 +26,9 @@ def debezium(op: str, after: dict[str, Any] | None, before: dict[str, Any] | Non
 def test_parse_json_keeps_what_the_standard_parser_gives() -> None:
     huge = b'{"n": 123456789012345678901234567890}'
     assert parse_json(huge)["n"] == 123456789012345678901234567890  # not a float
+    # Just outside 64 bits on either side: orjson would give floats.
+    for edge in (b"[-9223372036854775809]", b"[18446744073709551616]", b"[18446744073709551615]"):
+        assert parse_json(edge) == json.loads(edge) and type(parse_json(edge)[0]) is int, edge
     assert parse_json(b'{"x": NaN}')["x"] != parse_json(b'{"x": NaN}')["x"]  # NaN, as json.loads reads it
     assert parse_json(b'{"a": [1, 2.5, "s", null, true]}') == {"a": [1, 2.5, "s", None, True]}
     with pytest.raises(ValueError):
@@ -111,8 +114,9 @@ def window(*offsets: int) -> list[ChangeEvent]:
 
 
 def test_a_window_is_dispatched_in_the_databus_call_order() -> None:
-    recorder = Recorder()
-    assert window_dispatcher(recorder)(window(1, 2)) is Result.CHECKPOINT
+    recorder, results = Recorder(), []
+    window_dispatcher(recorder)(window(1, 2), results)
+    assert results == [Result.CHECKPOINT]
     assert recorder.calls == [
         "start_seq:102",
         "start_source:t",
@@ -128,7 +132,7 @@ def test_a_window_is_dispatched_in_the_databus_call_order() -> None:
 def test_an_error_result_fails_the_window_and_stops_its_calls(fail: str) -> None:
     recorder = Recorder(fail)
     with pytest.raises(WindowFailed, match="returned ERROR"):
-        window_dispatcher(recorder)(window(1, 2))
+        window_dispatcher(recorder)(window(1, 2), [])
     assert recorder.calls[-1] == fail
 
 
@@ -144,7 +148,35 @@ def test_a_consumer_implementing_only_some_callbacks_gets_those_and_its_result_c
         def on_checkpoint(self, scn: int) -> Result:
             return Result.SKIP_CHECKPOINT
 
-    sink = EventsAndCheckpoint()
-    assert window_dispatcher(sink)(window(4, 5)) is Result.SKIP_CHECKPOINT
+    sink, results = EventsAndCheckpoint(), []
+    window_dispatcher(sink)(window(4, 5), results)
+    assert results == [Result.SKIP_CHECKPOINT]
     assert sink.seen == [4, 5]
-    assert window_dispatcher(Callback())(window(1)) is Result.SUCCESS
+    window_dispatcher(Callback())(window(1), results)
+    assert results == [Result.SKIP_CHECKPOINT, Result.SUCCESS]
+
+
+def test_a_singles_run_is_a_window_per_record() -> None:
+    recorder, results = Recorder(), []
+    window_dispatcher(recorder)(Singles(window(1, 2)), results)
+    assert results == [Result.CHECKPOINT, Result.CHECKPOINT]
+    assert recorder.calls == [
+        *("start_seq:101", "start_source:t", "event:1", "end_source:t", "end_seq:101", "checkpoint:101"),
+        *("start_seq:102", "start_source:t", "event:2", "end_source:t", "end_seq:102", "checkpoint:102"),
+    ]
+
+
+@pytest.mark.parametrize("only_events", [True, False])
+def test_a_failing_record_of_a_singles_run_leaves_the_records_before_it_done(only_events: bool) -> None:
+    class FailsAtThree(Recorder):
+        def on_data_event(self, event: ChangeEvent) -> Result:
+            return Result.ERROR if event.offset == 3 else Result.SUCCESS
+
+    class OnlyEvents(Callback):
+        def on_data_event(self, event: ChangeEvent) -> Result:
+            return Result.ERROR if event.offset == 3 else Result.SUCCESS
+
+    results: list[Result] = []
+    with pytest.raises(WindowFailed, match="offset 3"):
+        window_dispatcher(OnlyEvents() if only_events else FailsAtThree())(Singles(window(1, 2, 3, 4)), results)
+    assert len(results) == 2

@@ -9,14 +9,18 @@ records (no Debezium envelope) the SCN is the Kafka offset and each record is it
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-_HUGE_INT = re.compile(rb"\d{20}")
+# orjson reads integers outside [-2**63, 2**64) as floats. Such an integer has at least 19 digits,
+# so a record with a run of 19 digits goes to the exact parser. The run is found by mapping every
+# digit to "0" and anything else to " ": one pass in C, where a regular expression took ~13 ns a
+# byte (10 µs for a typical Debezium envelope, slower than json.loads itself).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
 
 
 @dataclass(slots=True)
@@ -48,7 +52,7 @@ class MalformedEvent(ValueError):
 def parse_json(data: bytes) -> Any:
     """json.loads, about four times faster: orjson, falling back to the standard parser where
     orjson differs — integers beyond 64 bits (orjson turns them into floats) and NaN/Infinity."""
-    if _HUGE_INT.search(data) is None:
+    if _LONG_DIGIT_RUN not in data.translate(_DIGITS_AS_ZEROS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -97,10 +101,12 @@ def decode(
     if value is None:
         return None
     try:
-        payload = _unwrap(parse(value))
+        payload = parse(value)
     except ValueError as exc:
         what = "JSON" if parse is parse_json else "decodable"
         raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not {what}: {exc}") from None
+    if type(payload) is dict and "payload" in payload and len(payload) == 2 and "schema" in payload:
+        payload = payload["payload"]  # _unwrap, inline: this runs for every record
     if type(payload) is dict:
         if "op" in payload and "source" in payload:
             return _debezium(topic, partition, offset, key, payload, parse)
@@ -109,7 +115,8 @@ def decode(
         return None
     else:
         row = {"value": payload}
-    return ChangeEvent(topic, partition, offset, _key_text(key, row, parse), "u", offset, offset, row, None, 0, row)
+    text = key.decode() if key and key.isdigit() else _key_text(key, row, parse)  # the common key, inline
+    return ChangeEvent(topic, partition, offset, text, "u", offset, offset, row, None, 0, row)
 
 
 def _debezium(

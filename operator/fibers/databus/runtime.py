@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +33,13 @@ from pymongo import MongoClient
 
 from fibers import lineage, termination
 from fibers.databus import sinks
-from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
+from fibers.databus.callbacks import Callback, Result, Singles, WindowFailed, window_dispatcher
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
 from fibers.databus.store import BootstrapStore
+from fibers.databus.tuning import BATCH_RECORDS, IDLE_WAIT_SECONDS, KAFKA_CONSUMER, QUIET_SECONDS
 from fibers.redact import redact
 from fibers.wire import AvroDecoder, Registry
 
@@ -46,7 +47,6 @@ log = logging.getLogger("fibers.databus")
 NEXT_OFFSET = "kafka_next_offset"
 SNAPSHOT_LAST_KEY = "fibers_snapshot_last_key"
 CATCHUP_LAST_ID = "fibers_catchup_last_id"
-QUIET_SECONDS = 0.05  # relay silence that ends an open transaction window
 
 
 def next_offset(cp: Checkpoint | None) -> int | None:
@@ -67,24 +67,55 @@ class ConsumerStopped(Exception):
 class BatchOutcome:
     """What the callback thread did with a batch of windows."""
 
-    windows: int = 0  # windows dispatched successfully, in order
-    events: int = 0
+    applied: list[list[ChangeEvent]] = field(default_factory=list)  # windows dispatched successfully, in order
+    pending: list[list[ChangeEvent]] = field(default_factory=list)  # from the failed window on (to read again)
     last: dict[tuple[str, int], ChangeEvent] = field(default_factory=dict)  # per timeline, to checkpoint at
     force: bool = False  # a callback asked for CHECKPOINT: write now, ignoring the throttle
-    error: BaseException | None = None  # what stopped the batch (the window after `windows`)
+    error: BaseException | None = None  # what stopped the batch (the window `failed`)
+
+    @property
+    def failed(self) -> list[ChangeEvent]:
+        """The window that failed: the first pending one (of a Singles run, its first record)."""
+        first = self.pending[0]
+        return [first[0]] if first.__class__ is Singles else first
 
     @classmethod
     def of(
-        cls, done: list[list[ChangeEvent]], results: list[Result], error: BaseException | None, timelines: int
+        cls, windows: list[list[ChangeEvent]], results: list[Result], error: BaseException | None, timelines: int
     ) -> BatchOutcome:
-        """Summarise dispatched windows; walks back from the end only until every timeline has its last window."""
+        """Split the batch where the results end (inside a Singles run, if that is where a record failed)
+        and find each timeline's last window to checkpoint at, walking back only until every timeline has one."""
+        applied, pending, position = windows, [], 0
+        for index, window in enumerate(windows):
+            size = len(window) if window.__class__ is Singles else 1
+            if position + size > len(results):
+                cut = len(results) - position
+                applied = [*windows[:index], *([Singles(window[:cut])] if cut else [])]
+                pending = [Singles(window[cut:]) if cut else window, *windows[index + 1 :]]
+                break
+            position += size
         last: dict[tuple[str, int], ChangeEvent] = {}
-        for window, result in zip(reversed(done), reversed(results), strict=True):
+        for event, result in _window_ends_backwards(applied, results):
             if result is not Result.SKIP_CHECKPOINT:
-                last.setdefault((window[0].topic, window[0].partition), window[-1])
+                last.setdefault((event.topic, event.partition), event)
                 if len(last) >= timelines:
                     break
-        return cls(len(done), sum(map(len, done)), last, Result.CHECKPOINT in results, error)
+        return cls(applied, pending, last, Result.CHECKPOINT in results, error)
+
+
+def _window_ends_backwards(
+    windows: list[list[ChangeEvent]], results: list[Result]
+) -> Iterator[tuple[ChangeEvent, Result]]:
+    """Each window's last event with the window's result, the last window first."""
+    index = len(results)
+    for window in reversed(windows):
+        if window.__class__ is Singles:
+            for event in reversed(window):
+                index -= 1
+                yield event, results[index]
+        else:
+            index -= 1
+            yield window[-1], results[index]
 
 
 class Runtime:
@@ -111,6 +142,7 @@ class Runtime:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "error",  # falling off the relay must be seen, not papered over
                 "enable.partition.eof": False,
+                **KAFKA_CONSUMER,
             }
         )
         self.store.stats_source = self._stats
@@ -416,6 +448,7 @@ class Runtime:
         while not self.stopping:
             messages = self._poll(waiting=bool(window))
             ready: list[list[ChangeEvent]] = []
+            singles: Singles | None = None  # the run of one-record windows at the end of `ready`
             for message in messages:  # the hot loop: keep it lean
                 if (error := message.error()) is not None:
                     self._relay_error(error)
@@ -428,12 +461,16 @@ class Runtime:
                 if event.window.__class__ is int:  # a record of its own (no transaction): a whole window
                     if window:
                         ready.append(window)
-                        window, window_id = [], None
-                    ready.append([event])
+                        window, window_id, singles = [], None, None
+                    if singles is None:
+                        singles = Singles()
+                        ready.append(singles)
+                    singles.append(event)
                     continue
                 if (event.window, event.partition, event.topic) != window_id or len(window) >= max_events:
                     if window:
                         ready.append(window)
+                        singles = None
                     window = [event]
                     window_id = (event.window, event.partition, event.topic)
                 else:
@@ -457,11 +494,12 @@ class Runtime:
         writes a transaction's events together. Any: a consumed record always has topic,
         partition and offset (the stubs say Optional).
         """
-        messages: list[Any] = self.consumer.consume(num_messages=1000, timeout=0)
+        messages: list[Any] = self.consumer.consume(num_messages=BATCH_RECORDS, timeout=0)
         if messages:
             return messages
-        first: list[Any] = self.consumer.consume(num_messages=1, timeout=QUIET_SECONDS if waiting else 0.2)
-        return first + self.consumer.consume(num_messages=999, timeout=0) if first else []
+        wait = QUIET_SECONDS if waiting else IDLE_WAIT_SECONDS
+        first: list[Any] = self.consumer.consume(num_messages=1, timeout=wait)
+        return first + self.consumer.consume(num_messages=BATCH_RECORDS - 1, timeout=0) if first else []
 
     @staticmethod
     def _relay_error(error: KafkaError) -> None:
@@ -485,12 +523,13 @@ class Runtime:
             outcome = future.result(timeout=self.config.callback_timeout)
         except concurrent.futures.TimeoutError:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")  # the old one hangs
-            outcome = BatchOutcome(error=TimeoutError(f"callbacks took over {self.config.callback_timeout}s"))
-        done = outcome.windows
-        self.events_processed += outcome.events
+            error = TimeoutError(f"callbacks took over {self.config.callback_timeout}s")
+            outcome = BatchOutcome(pending=windows, error=error)
+        self.events_processed += sum(map(len, outcome.applied))
         if attempts:
-            for window in windows[:done]:
-                attempts.pop((window[0].topic, window[0].partition, window[0].offset), None)
+            for window in outcome.applied:
+                for event in window if window.__class__ is Singles else window[:1]:
+                    attempts.pop((event.topic, event.partition, event.offset), None)
         for (topic, partition), event in outcome.last.items():
             key = timeline_key(topic, partition)
             previous = self.checkpoints.get(key, Checkpoint.initial())
@@ -500,14 +539,15 @@ class Runtime:
             self._save([timeline_key(*timeline) for timeline in outcome.last], force=outcome.force)
         if outcome.error is None:
             return set()
-        self._rollback(windows[done], attempts, outcome.error)
+        self._rollback(outcome.failed, attempts, outcome.error)
         rewound: set[tuple[str, int]] = set()
-        for window in windows[done:]:
-            timeline = (window[0].topic, window[0].partition)
-            if timeline not in rewound:
-                rewound.add(timeline)
-                resume = next_offset(self.checkpoints.get(timeline_key(*timeline)))
-                self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else window[0].offset))
+        for window in outcome.pending:
+            for event in window if window.__class__ is Singles else window[:1]:
+                timeline = (event.topic, event.partition)
+                if timeline not in rewound:
+                    rewound.add(timeline)
+                    resume = next_offset(self.checkpoints.get(timeline_key(*timeline)))
+                    self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else event.offset))
         return rewound
 
     def _run_windows(self, windows: list[list[ChangeEvent]]) -> BatchOutcome:
@@ -517,7 +557,7 @@ class Runtime:
         dispatch = self._dispatch_window
         for window in windows:
             try:
-                results.append(dispatch(window))
+                dispatch(window, results)
             except Exception as exc:  # any failure of a window rolls it back
                 error = exc
                 break
@@ -525,8 +565,8 @@ class Runtime:
             try:
                 self._end_batch()  # buffered sinks write the successful windows now
             except Exception as exc:  # nothing of this batch is known to be applied
-                return BatchOutcome(error=exc)
-        return BatchOutcome.of(windows[: len(results)], results, error, self._timelines)
+                return BatchOutcome(pending=windows, error=exc)
+        return BatchOutcome.of(windows, results, error, self._timelines)
 
     def _end_batch(self) -> None:
         end_batch = getattr(self.callback, "on_end_batch", None)

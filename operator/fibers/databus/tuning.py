@@ -1,0 +1,53 @@
+"""The consumer runtime's tuning: every number the relay loop runs by, with the reason for its value.
+
+Measured with `bench/databus_throughput.py` and `bench/latency.py` on the local stack (2 cores).
+The DatabusConsumer spec carries what a user decides (checkpoint interval, callback timeout and
+retries); these are how the runtime reads the relay, and are not meant to be set.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Final
+
+# librdkafka settings the runtime adds to its Kafka consumer.
+KAFKA_CONSUMER: Final = {
+    # Once its local queue holds queued.min.messages (100,000) librdkafka waits this long before it
+    # fetches again: 1,000 ms by default since librdkafka 2.4. A consumer catching up drains that queue
+    # in well under a second and then sat idle, capped at ~120-150k events/s whatever its own speed;
+    # at 10 ms the queue stays fed (a plain loop: 155k -> ~1M events/s) and an idle consumer does not spin.
+    "fetch.queue.backoff.ms": 10,
+}
+
+# Records taken from librdkafka's queue per call: one hand-off to the callback thread per batch.
+BATCH_RECORDS: Final = 1000
+
+# Relay silence that ends an open transaction window: Debezium writes a transaction's events together,
+# so a short pause means it is complete. It is the consumer's share of commit-to-sink latency at a low
+# change rate (bench/latency.py: 50 of 82 ms p99 at 10 changes/s).
+QUIET_SECONDS: Final = 0.05
+
+# How long an idle consumer waits for the next record before it looks at its own work again
+# (flushing a throttled checkpoint, noticing a stop request).
+IDLE_WAIT_SECONDS: Final = 0.2
+
+# Python's cyclic garbage collector looks at its young objects every 700 allocations by default. The
+# relay loop keeps a batch of events (each with its row dicts) alive until the callbacks have run, so
+# nearly every look found only live objects and moved them on to the older generations, where the
+# larger sweeps scanned them again along with every module and client loaded at start-up: half the
+# consumer's time (bench/databus_throughput: ~300k -> ~580k events/s with the settings below).
+# Events are freed by reference counting; the collector is only for cycles, which the loop does not make.
+GC_YOUNG_THRESHOLD: Final = 10_000
+
+
+def settle_collector() -> None:
+    """Tune the garbage collector for a consumer process, once its start-up is done.
+
+    What start-up allocated (modules, the Kubernetes and Kafka clients) lives as long as the process:
+    `gc.freeze` takes it out of the collector's sweeps. Young objects are then looked at every
+    GC_YOUNG_THRESHOLD allocations rather than 700.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
