@@ -75,6 +75,7 @@ def build(
         run=Run(runId=settings.run_id, facets=facets),
         job=Job(namespace=settings.namespace, name=settings.job),
         producer=PRODUCER,
+        # Inputs and outputs look alike but are different OpenLineage classes with different facets.
         inputs=[
             InputDataset(
                 namespace=d.namespace,

@@ -15,6 +15,8 @@ from fibers.databus.reconciler import DatabusReconciler
 from fibers.outages import api_outage_is_temporary
 
 
+# The same shape as transform/handlers.py, on purpose: the kinds know nothing of each other (an
+# import-linter contract), and three lines of kopf wiring are not worth a shared module.
 def _reconciler(memo: Any) -> DatabusReconciler:
     reconciler: DatabusReconciler = memo.databus
     return reconciler

@@ -34,6 +34,10 @@ class SpecError(ValueError):
     """The rendered spec cannot be run; the message names the field to fix (exit code 2)."""
 
 
+# The source and sink classes below repeat fields (uri_env, database, collection, schema) on purpose:
+# each is what one kind of input or output needs, read where it is used, with no base class to follow.
+
+
 @dataclass(frozen=True)
 class KafkaSource:
     topics: tuple[str, ...]

@@ -13,6 +13,8 @@ from fibers.transform.reconciler import TransformReconciler
 from fibers.transform.spec import PLURAL
 
 
+# The same shape as databus/handlers.py, on purpose: the kinds know nothing of each other (an
+# import-linter contract), and three lines of kopf wiring are not worth a shared module.
 def _reconciler(memo: Any) -> TransformReconciler:
     reconciler: TransformReconciler = memo.transform
     return reconciler
