@@ -74,7 +74,11 @@ def _mongo(uri_env: str) -> MongoClient[dict[str, Any]]:
 
 
 class MongoSink(WindowSink):
-    """A materialised view: one document per key, never moved back to an older SCN."""
+    """A materialised view: one document per key, never moved back to an older SCN.
+
+    How the writes reach the server (FerretDB's or MongoDB's way) is detected on the first flush,
+    from the server the client talks to: see fibers.databus.mongo_servers.
+    """
 
     def __init__(self, uri_env: str, database: str, collection: str) -> None:
         super().__init__()

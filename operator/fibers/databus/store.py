@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pymongo import ASCENDING, DeleteOne, InsertOne, ReplaceOne
+from pymongo import ASCENDING, InsertOne
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError, CursorNotFound
+from pymongo.errors import CursorNotFound
 
 from fibers.databus.events import ChangeEvent
+from fibers.databus.mongo_servers import MongoServer, Stored, Write, detect
+from fibers.databus.mongo_servers import bulk_write as bulk_write  # bench/databus_throughput.py's plain loop uses it
 
 
 def collection_suffix(topic: str) -> str:
@@ -30,112 +32,67 @@ def log_id(partition: int, offset: int) -> str:
     return f"{partition:05d}:{offset:020d}"
 
 
-FEW_KEYS = 8  # unknown keys read one by one; more are read with one $in query
-DUPLICATE_KEY = 11000  # MongoDB's error code for an insert of an _id that exists
-BULK_LIMIT = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
-
-
-def bulk_write(collection: Any, operations: list[Any], *, ordered: bool = True) -> None:
-    """bulk_write in chunks small enough for every MongoDB-protocol server we support."""
-    for start in range(0, len(operations), BULK_LIMIT):
-        collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=ordered)
+REMEMBERED_KEYS = 200_000  # keys a writer remembers; past that it forgets them all and learns again (bounded memory)
 
 
 class GuardedCollection:
-    """A collection written in SCN order per key: a change older than the stored one is skipped.
+    """A collection written in SCN order per key: a change older than the one a key holds is skipped.
 
     What each key holds (its SCN, and whether a document exists) is remembered after every write,
-    deletes included, so a replayed older insert cannot bring a deleted row back. A key not
-    remembered is first inserted as a new row (see `_insert_unknown`); only the keys that turn out
-    to exist, and deletes, are read (see `_learn`). Both serve FerretDB on SQLite, which scans the
-    whole collection for every update or delete and for every read of an absent `_id`.
-    Remembering is safe because one consumer instance owns each key's partition exclusively; a
-    new owner starts with an empty memory and reads.
+    deletes included, so a replayed older insert cannot bring a deleted row back and a replay of
+    what was applied writes nothing. Keys not remembered are learnt, and the writes sent, by the
+    server's adapter (fibers.databus.mongo_servers): FerretDB's inserts and reads, or MongoDB's
+    guarded upserts. Remembering is safe because one consumer instance owns each key's partition
+    exclusively; a new owner starts with an empty memory, and replays from its checkpoint, which
+    holds every delete it has not seen yet.
     """
 
-    def __init__(self, collection: Any, extra: dict[str, Any] | None = None, remember: int = 200_000) -> None:
+    def __init__(
+        self,
+        collection: Any,
+        extra: dict[str, Any] | None = None,
+        remember: int = REMEMBERED_KEYS,
+        server: MongoServer | None = None,
+    ) -> None:
+        """`server` names the adapter; by default it is detected from the server on the first write."""
         self.collection, self.extra, self.remember = collection, extra or {}, remember
-        self.known: dict[str, tuple[int, bool]] = {}  # key → (SCN stored or deleted last, document exists)
+        self._server = server
+        self.known: dict[str, Stored] = {}
 
-    def _learn(self, keys: list[str]) -> None:
-        """Read what the store holds for keys not remembered.
+    @property
+    def server(self) -> MongoServer:
+        if self._server is None:
+            self._server = detect(self.collection.database.client)
+        return self._server
 
-        FerretDB finds a present `_id` from its index but scans for an absent one, and `$in`
-        is one scan for the lot: a few keys are read one by one, more in one query.
-        """
-        unknown = [k for k in keys if k not in self.known]
-        if len(unknown) <= FEW_KEYS:
-            found = [d for k in unknown if (d := self.collection.find_one({"_id": k}, {"_scn": 1}))]
-        else:
-            found = list(self.collection.find({"_id": {"$in": unknown}}, {"_scn": 1}))
-        for key in unknown:
-            self.known[key] = (-1, False)
-        for doc in found:
-            self.known[str(doc["_id"])] = (int(doc.get("_scn", -1)), True)
-
-    def _insert_unknown(self, latest: dict[str, ChangeEvent]) -> None:
-        """Insert the rows of keys not remembered, as if new; the keys that exist fail and are learnt.
-
-        Change streams are mostly new rows: this writes them without reading first (reading an absent
-        `_id` is a collection scan on FerretDB, and a round trip anywhere). An insert never overwrites,
-        so a key the store holds keeps its document, and goes through the SCN guard in `apply`.
-        """
-        fresh = [e for key, e in latest.items() if key not in self.known and e.document is not None]
-        for start in range(0, len(fresh), BULK_LIMIT):
-            chunk = fresh[start : start + BULK_LIMIT]
-            operations = [InsertOne({"_id": e.key, **self._document(e)}) for e in chunk]
-            exists: set[int] = set()
-            try:
-                self.collection.bulk_write(operations, ordered=False)
-            except BulkWriteError as exc:
-                errors = exc.details.get("writeErrors") or []
-                if any(error.get("code") != DUPLICATE_KEY for error in errors) or not errors:
-                    self.known.clear()
-                    raise
-                exists = {int(error["index"]) for error in errors}
-            for index, event in enumerate(chunk):
-                if index not in exists:
-                    self.known[event.key] = (event.scn, True)
-
-    def _document(self, event: ChangeEvent) -> dict[str, Any]:
+    def _write(self, event: ChangeEvent) -> Write:
         """The row as stored: its columns (a column named _id gives way to the key), extras, and its SCN."""
-        doc = {**(event.document or {}), **self.extra, "_scn": event.scn}
+        if event.document is None:
+            return Write(event.key, event.scn, None)
+        doc = {**event.document, **self.extra, "_scn": event.scn}
         doc.pop("_id", None)
-        return doc
+        return Write(event.key, event.scn, doc)
+
+    def _superseded(self, write: Write) -> bool:
+        """Already applied (a replay), or a newer change of the key is stored."""
+        stored = self.known.get(write.key)
+        return stored is not None and stored.scn >= write.scn
 
     def apply(self, events: list[ChangeEvent]) -> None:
         latest: dict[str, ChangeEvent] = {}
         for event in events:
             latest[event.key] = event  # events of one key arrive in SCN order; the last one wins
         if len(self.known) + len(latest) > self.remember:
-            self.known.clear()  # bounded memory; forgotten keys are read again
-        operations: list[Any] = []
-        applied: list[ChangeEvent] = []
-        self._insert_unknown(latest)
-        self._learn(list(latest))
-        for key, event in latest.items():
-            scn, exists = self.known[key]
-            if scn >= event.scn:
-                continue  # already applied (a replay), or a newer change is stored
-            if event.document is None:
-                if not exists:
-                    self.known[key] = (event.scn, False)
-                    continue
-                operations.append(DeleteOne({"_id": key}))
-            else:
-                doc = self._document(event)
-                operations.append(
-                    ReplaceOne({"_id": key}, doc, upsert=True) if exists else InsertOne({"_id": key, **doc})
-                )
-            applied.append(event)
-        for start in range(0, len(operations), BULK_LIMIT):
-            try:
-                self.collection.bulk_write(operations[start : start + BULK_LIMIT], ordered=True)
-            except Exception:
-                self.known.clear()  # what was written is unknown now: read again on the replay
-                raise
-            for event in applied[start : start + BULK_LIMIT]:
-                self.known[event.key] = (event.scn, event.document is not None)
+            self.known.clear()  # bounded memory; forgotten keys are learnt again
+        writes = [self._write(e) for e in latest.values()]
+        try:
+            self.known.update(self.server.learn(self.collection, [w for w in writes if w.key not in self.known]))
+            newer = [w for w in writes if not self._superseded(w)]
+            self.server.write(self.collection, newer, self.known)
+        except Exception:
+            self.known.clear()  # what was written is unknown now: learn again on the replay
+            raise
+        self.known.update((w.key, Stored(w.scn, w.document is not None)) for w in newer)
 
 
 def pages(collection: Any, query: dict[str, Any], after: str | None, size: int) -> Iterator[list[dict[str, Any]]]:
@@ -165,10 +122,17 @@ def pages(collection: Any, query: dict[str, Any], after: str | None, size: int) 
 
 
 class BootstrapStore:
-    def __init__(self, db: Database[dict[str, Any]]) -> None:
-        self.db = db
+    def __init__(self, db: Database[dict[str, Any]], server: MongoServer | None = None) -> None:
+        """`server` names the adapter writes go through; by default it is detected on the first write."""
+        self.db, self._server = db, server
         self._snapshots: dict[tuple[str, int], GuardedCollection] = {}
         self._log_heads: dict[tuple[str, int], int] = {}
+
+    @property
+    def server(self) -> MongoServer:
+        if self._server is None:
+            self._server = detect(self.db.client)
+        return self._server
 
     def _snapshot(self, topic: str) -> Any:
         return self.db[f"snapshot_{collection_suffix(topic)}"]
@@ -203,13 +167,15 @@ class BootstrapStore:
                 if e.offset > head  # a replay: logged already
             ]
             try:
-                bulk_write(self._log(topic), log_ops)
+                self.server.bulk_write(self._log(topic), log_ops)
             except Exception:
                 del self._log_heads[topic, partition]  # partly written: read the head again on the replay
                 raise
             self._log_heads[topic, partition] = max([head] + [e.offset for e in batch])
             if (topic, partition) not in self._snapshots:
-                self._snapshots[topic, partition] = GuardedCollection(self._snapshot(topic), {"_partition": partition})
+                self._snapshots[topic, partition] = GuardedCollection(
+                    self._snapshot(topic), {"_partition": partition}, server=self.server
+                )
             self._snapshots[topic, partition].apply(batch)
             self._applier(topic).update_one(
                 {"_id": partition},
