@@ -23,7 +23,7 @@ from fibers import spark as fibers_spark
 from fibers.jobs import inputs, outputs, report
 from fibers.jobs import transform as job
 from fibers.jobs.report import JobResult
-from fibers.jobs.spec import JobSpec, KafkaSource, MongoSink, MongoSource, SpecError
+from fibers.jobs.spec import FilesSource, Input, JobSpec, KafkaSource, MongoSink, MongoSource, SpecError
 
 ORDERS = [
     {"id": 1, "customer": "ada", "amount": 10.0},
@@ -662,3 +662,37 @@ def test_a_failing_streaming_query_raises_with_sparks_message(spark: SparkSessio
         job.run_streaming(spark, spec, threading.Event())
     assert "poisoned record" in report.error_message(failure.value)
     assert not spark.streams.active
+
+
+def test_each_input_and_output_kind_names_its_lineage_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPORT_URI", "mongodb://user:secret@mongo-0.db:27017,mongo-1.db:27017/?tls=true")
+    spec = JobSpec(
+        name="t",
+        namespace="ns",
+        run="r1",
+        mode="batch",
+        inputs=(
+            Input("one", KafkaSource(topics=("orders",))),
+            Input("two", KafkaSource(topics=("a", "b"))),
+            Input("files", FilesSource(path="/data/in", format="json")),
+            Input("docs", MongoSource(uri_env="REPORT_URI", database="shop", collection="customers")),
+        ),
+        sql="select 1",
+        output=MongoSink(uri_env="REPORT_URI", database="shop", collection="report"),
+        bootstrap_servers="kafka:9092",
+        stream_back_topic="back",
+    )
+    result = JobResult(7, 7, 1.0, {"one": 10, "two": 20, "files": 30, "docs": 40}, [])
+    inputs, outputs = report.lineage_datasets(spec, result)
+    assert [(d.namespace, d.name, d.rows) for d in inputs] == [
+        ("kafka://kafka:9092", "orders", 10),
+        ("kafka://kafka:9092", "a", None),  # two topics, one count: not split between them
+        ("kafka://kafka:9092", "b", None),
+        ("file", "/data/in", 30),
+        ("mongodb://mongo-0.db:27017", "shop.customers", 40),
+    ]
+    assert [(d.namespace, d.name, d.rows) for d in outputs] == [
+        ("mongodb://mongo-0.db:27017", "shop.report", 7),
+        ("kafka://kafka:9092", "back", 7),
+    ]
+    assert "secret" not in repr(inputs + outputs)

@@ -12,14 +12,13 @@ import contextlib
 import functools
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.errors import PySparkException
 
 from fibers import lineage
-from fibers.jobs.spec import FilesSink, FilesSource, JobSpec, KafkaSink, KafkaSource, MongoSink
+from fibers.jobs.spec import FilesSink, FilesSource, JobSpec
 from fibers.redact import truncate
 
 if TYPE_CHECKING:
@@ -148,26 +147,8 @@ def lineage_datasets(
     """What the run reads and writes, as OpenLineage datasets; with row counts once it has run."""
     bootstrap = spec.bootstrap_servers or ""
     rows_in = (result.rows_in if result else None) or {}
-    inputs: list[lineage.DatasetRef] = []
-    for item in spec.inputs:
-        rows = rows_in.get(item.name)
-        source = item.source
-        if isinstance(source, KafkaSource):
-            single = len(source.topics) == 1
-            inputs += [lineage.kafka(bootstrap, t, rows if single else None) for t in source.topics]
-        elif isinstance(source, FilesSource):
-            inputs.append(lineage.files(source.path, rows))
-        else:
-            inputs.append(lineage.mongodb(os.environ.get(source.uri_env, ""), source.database, source.collection, rows))
-    out = result.records_out if result else None
-    outputs: list[lineage.DatasetRef] = []
-    if isinstance(spec.output, KafkaSink):
-        outputs.append(lineage.kafka(bootstrap, spec.output.topic, out))
-    elif isinstance(spec.output, FilesSink):
-        outputs.append(lineage.files(spec.output.path, out))
-    elif isinstance(spec.output, MongoSink):
-        sink = spec.output
-        outputs.append(lineage.mongodb(os.environ.get(sink.uri_env, ""), sink.database, sink.collection, out))
+    inputs = [ref for item in spec.inputs for ref in item.source.datasets(bootstrap, rows_in.get(item.name))]
+    outputs = spec.output.datasets(bootstrap, result.records_out if result else None) if spec.output else []
     if spec.stream_back_topic is not None:
         outputs.append(lineage.kafka(bootstrap, spec.stream_back_topic, result.streamed_back if result else None))
     return inputs, outputs

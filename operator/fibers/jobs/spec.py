@@ -8,6 +8,7 @@ exits; the driver parses the same text with the same code. Nothing here imports 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ class SpecError(ValueError):
 
 # The source and sink classes below repeat fields (uri_env, database, collection, schema) on purpose:
 # each is what one kind of input or output needs, read where it is used, with no base class to follow.
+# Each also names itself as OpenLineage datasets (`datasets`): a new kind of input is this module (what
+# it is) and fibers.jobs.inputs (how it is read).
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class KafkaSource:
     starting_offsets: str = "earliest"
     avro: AvroRef | None = None  # values in the registry's wire format (schema is then None)
 
+    def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
+        """One dataset per topic; the row count only when there is one topic (it is counted per input)."""
+        single = len(self.topics) == 1
+        return [lineage.kafka(bootstrap, t, rows if single else None) for t in self.topics]
+
 
 @dataclass(frozen=True)
 class FilesSource:
@@ -53,6 +61,9 @@ class FilesSource:
     options: dict[str, str] = field(default_factory=dict)
     schema: str | None = None
 
+    def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
+        return [lineage.files(self.path, rows)]
+
 
 @dataclass(frozen=True)
 class MongoSource:
@@ -60,6 +71,10 @@ class MongoSource:
     database: str
     collection: str
     schema: str | None = None
+
+    def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
+        """Named by the URI's hosts, never its credentials (see fibers.lineage.mongodb)."""
+        return [lineage.mongodb(os.environ.get(self.uri_env, ""), self.database, self.collection, rows)]
 
 
 Source = KafkaSource | FilesSource | MongoSource
@@ -77,6 +92,9 @@ class KafkaSink:
     key_column: str | None = None
     avro: AvroRef | None = None
 
+    def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
+        return [lineage.kafka(bootstrap, self.topic, rows)]
+
 
 @dataclass(frozen=True)
 class FilesSink:
@@ -85,6 +103,9 @@ class FilesSink:
     mode: str | None = None
     options: dict[str, str] = field(default_factory=dict)
 
+    def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
+        return [lineage.files(self.path, rows)]
+
 
 @dataclass(frozen=True)
 class MongoSink:
@@ -92,6 +113,9 @@ class MongoSink:
     database: str
     collection: str
     id_column: str | None = None
+
+    def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
+        return [lineage.mongodb(os.environ.get(self.uri_env, ""), self.database, self.collection, rows)]
 
 
 Sink = KafkaSink | FilesSink | MongoSink
