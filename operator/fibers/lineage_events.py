@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from datetime import UTC, datetime
+from typing import Any
 
 import attr
 from openlineage.client import OpenLineageClient
@@ -75,25 +76,23 @@ def build(
         run=Run(runId=settings.run_id, facets=facets),
         job=Job(namespace=settings.namespace, name=settings.job),
         producer=PRODUCER,
-        # Inputs and outputs look alike but are different OpenLineage classes with different facets.
         inputs=[
-            InputDataset(
-                namespace=d.namespace,
-                name=d.name,
-                inputFacets={"inputStatistics": InputStatisticsInputDatasetFacet(rowCount=d.rows)}
-                if d.rows is not None
-                else {},
-            )
+            InputDataset(namespace=d.namespace, name=d.name, inputFacets=_rows("inputStatistics", d.rows))
             for d in inputs
         ],
         outputs=[
-            OutputDataset(
-                namespace=d.namespace,
-                name=d.name,
-                outputFacets={"outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=d.rows)}
-                if d.rows is not None
-                else {},
-            )
+            OutputDataset(namespace=d.namespace, name=d.name, outputFacets=_rows("outputStatistics", d.rows))
             for d in outputs
         ],
     )
+
+
+_ROW_FACETS = {  # inputs and outputs carry their row counts in different facets
+    "inputStatistics": InputStatisticsInputDatasetFacet,
+    "outputStatistics": OutputStatisticsOutputDatasetFacet,
+}
+
+
+def _rows(facet: str, rows: int | None) -> dict[str, Any]:
+    """A dataset's row count as its statistics facet (none when the count is not known)."""
+    return {} if rows is None else {facet: _ROW_FACETS[facet](rowCount=rows)}

@@ -16,6 +16,7 @@ a sink has one client and one writer, so once per client); tests and callers may
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -213,6 +214,13 @@ def server_for(build_info: Mapping[str, Any]) -> MongoServer:
     return MONGODB
 
 
+_detected: weakref.WeakKeyDictionary[Any, MongoServer] = weakref.WeakKeyDictionary()
+
+
 def detect(client: Any) -> MongoServer:
-    """The adapter for the server a pymongo client talks to (one `buildInfo` round trip)."""
-    return server_for(client.admin.command("buildInfo"))
+    """The adapter for the server a pymongo client talks to: one `buildInfo` round trip per client,
+    remembered for as long as the client lives, so every writer on it can ask at each write."""
+    server = _detected.get(client)
+    if server is None:
+        server = _detected[client] = server_for(client.admin.command("buildInfo"))
+    return server

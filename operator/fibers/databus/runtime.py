@@ -103,6 +103,15 @@ class BatchOutcome:
         return cls(applied, pending, last, Result.CHECKPOINT in results, error)
 
 
+def _window_starts(windows: list[list[ChangeEvent]]) -> Iterator[ChangeEvent]:
+    """Each window's first event (of a Singles run, every event: each is a window of its own)."""
+    for window in windows:
+        if window.__class__ is Singles:
+            yield from window
+        else:
+            yield window[0]
+
+
 def _window_ends_backwards(
     windows: list[list[ChangeEvent]], results: list[Result]
 ) -> Iterator[tuple[ChangeEvent, Result]]:
@@ -527,9 +536,8 @@ class Runtime:
             outcome = BatchOutcome(pending=windows, error=error)
         self.events_processed += sum(map(len, outcome.applied))
         if attempts:
-            for window in outcome.applied:
-                for event in window if window.__class__ is Singles else window[:1]:
-                    attempts.pop((event.topic, event.partition, event.offset), None)
+            for event in _window_starts(outcome.applied):
+                attempts.pop((event.topic, event.partition, event.offset), None)
         for (topic, partition), event in outcome.last.items():
             key = timeline_key(topic, partition)
             previous = self.checkpoints.get(key, Checkpoint.initial())
@@ -541,13 +549,12 @@ class Runtime:
             return set()
         self._rollback(outcome.failed, attempts, outcome.error)
         rewound: set[tuple[str, int]] = set()
-        for window in outcome.pending:
-            for event in window if window.__class__ is Singles else window[:1]:
-                timeline = (event.topic, event.partition)
-                if timeline not in rewound:
-                    rewound.add(timeline)
-                    resume = next_offset(self.checkpoints.get(timeline_key(*timeline)))
-                    self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else event.offset))
+        for event in _window_starts(outcome.pending):
+            timeline = (event.topic, event.partition)
+            if timeline not in rewound:
+                rewound.add(timeline)
+                resume = next_offset(self.checkpoints.get(timeline_key(*timeline)))
+                self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else event.offset))
         return rewound
 
     def _run_windows(self, windows: list[list[ChangeEvent]]) -> BatchOutcome:

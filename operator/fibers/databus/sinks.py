@@ -18,7 +18,7 @@ from pymongo import MongoClient
 from fibers.databus import callbacks
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.events import ChangeEvent
-from fibers.databus.mongo_servers import MongoServer, detect
+from fibers.databus.mongo_servers import detect
 from fibers.databus.store import BootstrapStore, GuardedCollection
 
 log = logging.getLogger("fibers.databus.sink")
@@ -102,7 +102,6 @@ class HistorySink(WindowSink):
         super().__init__()
         self.client = _mongo(uri_env)
         self.collection = self.client[database][collection]
-        self._server: MongoServer | None = None  # read from the server at the first write
 
     def flush(self, events: list[ChangeEvent]) -> None:
         from pymongo import ReplaceOne
@@ -115,9 +114,7 @@ class HistorySink(WindowSink):
             )
             for e in events
         ]
-        if self._server is None:
-            self._server = detect(self.client)
-        self._server.bulk_write(self.collection, writes, ordered=True)  # FerretDB v1: in bulks it can take
+        detect(self.client).bulk_write(self.collection, writes, ordered=True)  # FerretDB v1: in bulks it can take
 
     def close(self) -> None:
         self.client.close()

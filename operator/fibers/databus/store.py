@@ -61,9 +61,7 @@ class GuardedCollection:
 
     @property
     def server(self) -> MongoServer:
-        if self._server is None:
-            self._server = detect(self.collection.database.client)
-        return self._server
+        return self._server or detect(self.collection.database.client)
 
     def _write(self, event: ChangeEvent) -> Write:
         """The row as stored: its columns (a column named _id gives way to the key), extras, and its SCN."""
@@ -130,9 +128,7 @@ class BootstrapStore:
 
     @property
     def server(self) -> MongoServer:
-        if self._server is None:
-            self._server = detect(self.db.client)
-        return self._server
+        return self._server or detect(self.db.client)
 
     def _snapshot(self, topic: str) -> Any:
         return self.db[f"snapshot_{collection_suffix(topic)}"]
