@@ -90,11 +90,17 @@ class Resources:
             "schemas": "Schema",
         }[plural]
 
-    def create(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    def create(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        annotations: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         body = {
             "apiVersion": "fibers.dev/v1alpha1",
             "kind": self.kind,
-            "metadata": {"name": name, "annotations": annotations or {}},
+            "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
             "spec": spec,
         }
         result: dict[str, Any] = self.custom.create_namespaced_custom_object(

@@ -9,6 +9,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # Connect it names through the API, by this plural.
 CONNECT_PLURAL = "connects"
 SCHEMA_PLURAL = "schemas"  # a Transform's Avro input may name a Schema (schemaRef)
+TRANSFORM_PLURAL = "transforms"  # a Transform input or a consumer source may name a Transform (transformRef)
+DATABUS_PLURAL = "databusconsumers"
+# Groups resources into one named pipeline (`fibers pipeline NAME`, `kubectl get fibers -l fibers.dev/pipeline=NAME`).
+LABEL_PIPELINE = "fibers.dev/pipeline"
 
 FINALIZER = "fibers.dev/finalizer"  # kopf's, on Transforms and DatabusConsumers
 # Connect manages its own: the finalizer and the claim on the connector name arrive in one patch,

@@ -75,6 +75,21 @@ def _consume(args: argparse.Namespace) -> int:
         return _crashed(exc, config.secrets())
 
 
+def _pipeline(args: argparse.Namespace) -> int:
+    """Print a pipeline's chain upstream first; exit 1 when a step is not Ready (for scripts), 2 when it is empty."""
+    from kubernetes import client, config
+
+    from fibers import pipeline
+
+    config.load_kube_config()
+    namespace = args.namespace or config.list_kube_config_contexts()[1]["context"].get("namespace") or "default"
+    steps = pipeline.order(pipeline.fetch(client.CustomObjectsApi(), args.name, namespace))
+    print(pipeline.render(f"{namespace}/{args.name}", steps))
+    if not steps:
+        return 2
+    return 0 if pipeline.first_broken(steps) is None else 1
+
+
 def _crashed(exc: BaseException, secrets: list[str]) -> int:
     """Exit 1 with the traceback Python would print, the secret values (URIs in pymongo's errors) masked."""
     sys.stderr.write(redact("".join(traceback.format_exception(exc)), secrets))
@@ -99,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     consume_cmd.add_argument("--config", help="rendered consumer configuration (JSON); default $FIBERS_CONSUMER_CONFIG")
     consume_cmd.add_argument("--instance", type=int, help="this instance's number (overrides the configuration)")
     consume_cmd.set_defaults(func=_consume)
+
+    pipeline_cmd = sub.add_parser("pipeline", help="print a pipeline's steps in order and its first broken link")
+    pipeline_cmd.add_argument("name", help="the value of the fibers.dev/pipeline label")
+    pipeline_cmd.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    pipeline_cmd.set_defaults(func=_pipeline)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

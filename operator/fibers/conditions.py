@@ -96,3 +96,20 @@ def stalled(reason: str, message: str) -> list[Condition]:
         Condition(RECONCILING, False, reason),
         Condition(STALLED, True, reason, message),
     ]
+
+
+def with_upstream_note(conds: list[Condition], upstream: Condition) -> list[Condition]:
+    """Ready's message also says when what the resource reads from is failing (Ready itself is unchanged)."""
+    if upstream.status:
+        return conds
+    return [
+        Condition(
+            c.type,
+            c.status,
+            c.reason,
+            f"{c.message}; upstream: {upstream.message}" if c.message else f"upstream: {upstream.message}",
+        )
+        if c.type == READY and upstream.message not in c.message
+        else c
+        for c in conds
+    ]

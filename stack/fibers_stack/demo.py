@@ -29,6 +29,8 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 import fibers_stack as stack
+from fibers import pipeline
+from fibers.api import LABEL_PIPELINE
 from fibers.wire import AvroDecoder, Registry
 from fibers_stack import StackInfo, crds, fetch, spark_operator
 from fibers_stack.apicurio import CCOMPAT
@@ -36,6 +38,7 @@ from fibers_stack.apicurio import CCOMPAT
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 NAMESPACE = "shop"
+PIPELINE = "shop-orders"  # the fibers.dev/pipeline label of the examples' resources
 RELEASE, RELEASE_NAMESPACE = "fibers", "fibers-system"
 CONNECTORS = {"orders-cdc": "shop_orders", "orders-avro": "shop_orders_avro"}  # examples 01 and 06: their slots
 DATA_DIR = Path("/tmp/fibers-demo")  # on the node: the Transforms' hostPath volume (checkpoints, reports)
@@ -367,8 +370,19 @@ def _pods(api: client.ApiClient) -> str:
 
 
 def _render(resources: dict[str, dict[str, Any]]) -> str:
+    """The pipeline's chain as `fibers pipeline` prints it, then the resources outside it."""
+    chain: dict[str, list[dict[str, Any]]] = {kind: [] for kind in pipeline.KINDS}
     rows = [["RESOURCE", "PHASE", "READY", "DETAIL"]]
-    rows += [_summary_line(key.split("/")[0], item) for key, item in sorted(resources.items())]
+    for key, item in sorted(resources.items()):
+        kind = key.split("/")[0]
+        if (item["metadata"].get("labels") or {}).get(LABEL_PIPELINE) == PIPELINE and kind in chain:
+            chain[kind].append(item)
+        else:
+            rows.append(_summary_line(kind, item))
+    return pipeline.render(f"{NAMESPACE}/{PIPELINE}", pipeline.order(chain)) + "\n\n" + _table(rows)
+
+
+def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
         "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows
@@ -495,7 +509,8 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
 Done in {time.monotonic() - started:.0f}s. The stack keeps running; explore it:
 
   export KUBECONFIG={info.kubeconfig}
-  kubectl get fibers -n shop                      # every kind: Connects, Transforms, DatabusConsumers, Schemas
+  .venv/bin/fibers pipeline {PIPELINE} -n shop     # the chain in order, and its first broken link
+  kubectl get fibers -n shop -l fibers.dev/pipeline={PIPELINE}   # every kind in the pipeline
   kubectl get schemas -n shop -o wide              # subject, version, id, compatibility in the registry
   kubectl describe databusconsumer orders-view -n shop
   kubectl get connect orders-cdc -n shop -o yaml   # status: connector, tasks, topics

@@ -82,3 +82,26 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     for pod in pods:
         assert pod.spec.containers[0].image == stack_info.images["job"], pod.metadata.name
     assert "shop/orders-view-0-" in result.stdout  # the live view lists the pods
+    assert "pipeline shop/shop-orders: 6 steps" in result.stdout  # … after the chain, as `fibers pipeline` prints it
+
+    # `fibers pipeline` prints the chain upstream first, every step Ready.
+    chain = subprocess.run(
+        [sys.executable, "-m", "fibers", "pipeline", "shop-orders", "-n", "shop"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
+    )
+    assert chain.returncode == 0, chain.stdout + chain.stderr
+    steps = [line.split()[1] for line in chain.stdout.splitlines()[2:-1]]
+    assert steps[:2] == ["Connect/orders-avro", "Connect/orders-cdc"]
+    assert set(steps[2:]) == {
+        "Transform/orders-by-item",
+        "Transform/orders-report",
+        "DatabusConsumer/orders-store",
+        "DatabusConsumer/orders-view",
+    }
+    assert chain.stdout.splitlines()[-1] == "every step is Ready"
+    consumers = custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", "databusconsumers")["items"]
+    view = next(c for c in consumers if c["metadata"]["name"] == "orders-view")
+    assert view["status"]["sources"] == ["shop.public.orders"]  # its sourceRef, without Debezium's shop.transaction

@@ -140,8 +140,10 @@ def operator(
     op.start()
     time.sleep(1)
     yield op
-    _delete_all(op, stack_info, namespace)
-    op.stop()
+    try:
+        _delete_all(op, stack_info, namespace)
+    finally:
+        op.stop()  # a failed clean-up must not leave this operator running into the next module
 
 
 def _delete_all(op: OperatorProcess, stack: StackInfo, namespace: str) -> None:

@@ -63,7 +63,7 @@ def build(
         name="orders-report",
         namespace="shop",
         run="orders-report-1a2b3c4d",
-        connect_topics={},
+        ref_topics={},
         defaults=defaults,
     )
     return sparkapp.build(body, run="orders-report-1a2b3c4d", job=job, trigger=trigger, defaults=defaults)
@@ -496,7 +496,7 @@ def test_the_example_transforms_fit_both_crds() -> None:
             name=body["metadata"]["name"],
             namespace="shop",
             run="r-1",
-            connect_topics={"orders-cdc": ["shop.public.orders"], "orders-avro": ["shop.avro.public.orders"]},
+            ref_topics={item["name"]: ["shop.public.orders"] for item in body["spec"]["inputs"]},
             defaults=Defaults(kafka_bootstrap="kafka:9092"),
         )
         app = sparkapp.build(body, run="r-1", job=job, trigger="create", defaults=Defaults())
@@ -505,7 +505,7 @@ def test_the_example_transforms_fit_both_crds() -> None:
 
 def test_lineage_reaches_the_job_only_when_the_operator_has_a_topic() -> None:
     body = transform()
-    args = {"name": "orders-report", "namespace": "shop", "run": "r-1", "connect_topics": {}, "run_id": "u-1"}
+    args = {"name": "orders-report", "namespace": "shop", "run": "r-1", "ref_topics": {}, "run_id": "u-1"}
     plain = render_job(body["spec"], defaults=Defaults(kafka_bootstrap="kafka:9092"), **args)
     assert "lineage" not in plain
     on = Defaults(kafka_bootstrap="kafka:9092", lineage_topic="lin", lineage_namespace="prod")

@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 from fibers import termination
-from fibers.api import API_VERSION
+from fibers.api import API_VERSION, DATABUS_PLURAL
+from fibers.upstream import Upstream
 
-PLURAL = "databusconsumers"
+PLURAL = DATABUS_PLURAL
 KIND = "DatabusConsumer"
 LABEL_CONSUMER = "fibers.dev/databusconsumer"
 LABEL_INSTANCE = "fibers.dev/instance"
@@ -24,6 +25,7 @@ def render_config(
     body: dict[str, Any],
     *,
     instance: int,
+    topics: list[str],
     kafka_bootstrap: str | None,
     start_position: str | None = None,
     registry_url: str | None = None,
@@ -31,7 +33,8 @@ def render_config(
 ) -> dict[str, Any]:
     """The JSON `fibers consume` runs from; secrets stay in environment variables.
 
-    `registry_url`: the schema registry of spec.relay.avro, resolved by the reconciler; `lineage`: where
+    `topics`: spec.sources, then what spec.sourceRefs resolved to (`consumed_topics`); `registry_url`:
+    the schema registry of spec.relay.avro, resolved by the reconciler; `lineage`: where
     the operator sends OpenLineage events ({topic, bootstrapServers, namespace}), None when it does not.
     """
     meta, spec = body["metadata"], body["spec"]
@@ -45,7 +48,7 @@ def render_config(
     bootstrap = spec.get("bootstrap") or {}
     policy = spec.get("callbackPolicy") or {}
     checkpoint = spec.get("checkpoint") or {}
-    relay: dict[str, Any] = {"bootstrapServers": bootstrap_servers, "topics": list(spec["sources"])}
+    relay: dict[str, Any] = {"bootstrapServers": bootstrap_servers, "topics": list(topics)}
     if registry_url:
         relay["avro"] = {"registryUrl": registry_url}
     return {
@@ -69,6 +72,30 @@ def render_config(
         "labels": {LABEL_CONSUMER: meta["name"], "fibers.dev/consumer-uid": meta["uid"]},
         "lineage": {**lineage, "job": f"{meta['namespace']}.databusconsumer.{meta['name']}"} if lineage else None,
     }
+
+
+def consumed_topics(
+    spec: dict[str, Any], upstreams: list[Upstream], pinned: list[str] | None, namespace: str
+) -> tuple[list[str], str, str]:
+    """(topics, waiting, moved): the topics this consumer consumes, in order — spec.sources, then each
+    sourceRef's topics — and why they cannot be known yet ("" when they can).
+
+    Checkpoints belong to one list of sources (its hash is stored with them), so once a consumer
+    has checkpointed, `pinned` (status.sources) is what it keeps consuming; `moved` then says that
+    the upstream resolves to something else now. Nothing is reset behind the user's back.
+    """
+    topics = list(spec.get("sources") or [])
+    waiting = ""
+    for upstream in upstreams:
+        found = upstream.change_topics() if upstream.ref.kind == "Connect" else upstream.topics()
+        if not found:
+            what = "has reported no topics yet" if upstream.ref.kind == "Connect" else "has no Kafka output"
+            waiting = waiting or upstream.trouble(namespace) or f"{upstream.ref.label} ({upstream.ref.field}) {what}"
+        topics += [topic for topic in found if topic not in topics]
+    if pinned:
+        moved = "" if waiting or topics == pinned else f"sourceRefs now resolve to {topics}; consuming {pinned}"
+        return list(pinned), "", moved
+    return topics, waiting, ""
 
 
 def _secret_env(name: str, ref: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fibers import conditions, metrics
+from fibers import conditions, metrics, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.databus import deployments
@@ -52,6 +52,7 @@ class DatabusReconciler:
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
         self.image_pull_policy = image_pull_policy
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._told: set[tuple[str, str, str]] = set()  # topic changes upstream already announced (an Event each)
 
     async def reconcile(self, namespace: str, name: str) -> None:
         async with self._locks[(namespace, name)]:
@@ -94,16 +95,36 @@ class DatabusReconciler:
             existing = {}
         start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
 
+        # What sourceRefs point at, read now: their topics, and whether they are healthy.
+        upstreams = await upstream.resolve(
+            self.kube.get_object, namespace, upstream.refs_in(spec.get("sourceRefs") or [], "spec.sourceRefs")
+        )
+        health = upstream.condition(upstreams, namespace)
+        if event := upstream.transition(status.get("conditions"), health):
+            self._post(body, *event)
+        pinned = status.get("sources") if upstreams and status.get("timelines") else None
+        topics, waiting, moved = deployments.consumed_topics(spec, upstreams, pinned, namespace)
+        if moved and (namespace, name, moved) not in self._told:
+            self._told.add((namespace, name, moved))
+            self._post(
+                body,
+                "UpstreamTopicsChanged",
+                f"{moved}: its checkpoints are for those; create a new consumer to follow the new topics",
+                False,
+            )
+
         # Every instance's configuration is rendered and checked before any is touched: a spec that
-        # cannot run creates nothing and stops nothing (a running consumer keeps running).
+        # cannot run creates nothing and stops nothing (a running consumer keeps running), and neither
+        # does one whose topics are not known yet.
         problem = ""
         manifests: list[dict[str, Any]] = []
         try:
             registry_url = await self._registry_url(spec)
-            for instance in range(int(spec.get("instances", 1))):
+            for instance in range(int(spec.get("instances", 1)) if not waiting else 0):
                 config = deployments.render_config(
                     body,
                     instance=instance,
+                    topics=topics,
                     kafka_bootstrap=self.kafka_bootstrap,
                     start_position=start,
                     registry_url=registry_url,
@@ -122,7 +143,7 @@ class DatabusReconciler:
                 )
         except ValueError as exc:
             problem = str(exc)
-        else:
+        if not problem and not waiting:
             for manifest in manifests:
                 await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)
             wanted = {m["metadata"]["name"] for m in manifests}
@@ -132,7 +153,7 @@ class DatabusReconciler:
         if spec.get("restartNonce"):
             status["lastRestartNonce"] = spec["restartNonce"]
 
-        new_status = await self._observe(body, status, problem)
+        new_status = await self._observe(body, status, problem, waiting, topics, health)
         if "lag" in new_status:
             metrics.CONSUMER_LAG.labels(namespace, name).set(new_status["lag"])
             metrics.CONSUMER_EVENTS.labels(namespace, name).set(new_status.get("eventsProcessed", 0))
@@ -154,10 +175,12 @@ class DatabusReconciler:
             ready.get("message"),
             extra={"namespace": meta["namespace"], "resource": meta["name"], "reason": ready.get("reason")},
         )
+        self._post(body, str(ready.get("reason", after.get("phase"))), str(ready.get("message", "")), failed)
+
+    def _post(self, body: dict[str, Any], reason: str, message: str, warning: bool) -> None:
+        meta = body["metadata"]
         ref = object_ref(deployments.KIND, meta["namespace"], meta["name"], meta["uid"])
-        self.kube.post_event_soon(
-            ref, str(ready.get("reason", after.get("phase"))), str(ready.get("message", "")), warning=failed
-        )
+        self.kube.post_event_soon(ref, reason, message, warning=warning)
 
     async def _apply(self, manifest: dict[str, Any], current: Any, ctx: dict[str, Any]) -> None:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
@@ -199,13 +222,25 @@ class DatabusReconciler:
                 raise
         log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
 
-    async def _observe(self, body: dict[str, Any], status: dict[str, Any], problem: str) -> dict[str, Any]:
+    async def _observe(
+        self,
+        body: dict[str, Any],
+        status: dict[str, Any],
+        problem: str,
+        waiting: str,
+        topics: list[str],
+        health: Condition,
+    ) -> dict[str, Any]:
         meta, spec = body["metadata"], body["spec"]
         namespace, name = meta["namespace"], meta["name"]
         generation = int(meta.get("generation", 0))
         cm_name = deployments.checkpoint_config_map(body)
         new: dict[str, Any] = {k: v for k, v in status.items() if k in ("lastRestartNonce", "lastSeekNonce")}
         new.update(observedGeneration=generation, checkpointConfigMap=cm_name)
+        if topics and not waiting:
+            new["sources"] = topics
+        elif status.get("sources"):
+            new["sources"] = status["sources"]
 
         try:
             cm = await asyncio.to_thread(self.kube.core.read_namespaced_config_map, cm_name, namespace)
@@ -214,9 +249,9 @@ class DatabusReconciler:
                 raise
             cm = None
         invalid = ""
-        if cm is not None:
+        if cm is not None and new.get("sources"):  # sources not resolved yet: nothing to read them against
             try:
-                checkpoints = Checkpoints.from_configmap_data(cm.data or {}, list(spec["sources"]))
+                checkpoints = Checkpoints.from_configmap_data(cm.data or {}, list(new["sources"]))
             except CheckpointError as exc:
                 invalid = f"checkpoint ConfigMap {cm_name} cannot be used: {exc}"
             else:
@@ -226,7 +261,8 @@ class DatabusReconciler:
         new["readyInstances"] = sum(int(d.status.ready_replicas or 0) for d in deps.values() if d.status)
         failure = await self._pod_failure(namespace, name)
 
-        conds, phase = _conditions(spec, new, problem, invalid, failure)
+        conds, phase = _conditions(spec, new, problem, invalid, failure, waiting)
+        conds = [*conditions.with_upstream_note(conds, health), health]
         new["phase"] = phase
         new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
         return new
@@ -263,7 +299,7 @@ def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints, annota
 
 
 def _conditions(
-    spec: dict[str, Any], status: dict[str, Any], problem: str, invalid: str, failure: str
+    spec: dict[str, Any], status: dict[str, Any], problem: str, invalid: str, failure: str, waiting: str
 ) -> tuple[list[Condition], str]:
     def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
         return [
@@ -276,6 +312,8 @@ def _conditions(
         return cond(False, False, True, "InvalidSpec", problem), "Failed"
     if invalid:
         return cond(False, False, True, "CheckpointInvalid", invalid), "Failed"
+    if waiting:
+        return cond(False, True, False, "SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
     if spec.get("state") == "stopped":
         return cond(True, False, False, "Stopped", "no instance runs; checkpoints are kept"), "Stopped"
     if failure:

@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from fibers import metrics
-from fibers.api import ANNOTATION_PAUSED, CONNECT_PLURAL, SCHEMA_PLURAL, object_ref
+from fibers import metrics, upstream
+from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
 from fibers.conditions import format_time, utcnow
 from fibers.kube import Kube
 from fibers.registries import PLURAL as REGISTRIES
@@ -36,6 +36,7 @@ from fibers.transform.spec import (
     render_job,
     spec_hash,
 )
+from fibers.upstream import Upstream
 
 log = logging.getLogger("fibers.transform")
 
@@ -47,19 +48,14 @@ class TransformReconciler:
         self.apps = SparkApplications(kube.api)
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def _connect_topics(self, namespace: str, spec: dict[str, Any]) -> dict[str, list[str]]:
-        topics: dict[str, list[str]] = {}
-        for item in spec.get("inputs") or []:
-            ref = (item.get("connectRef") or {}).get("name")
-            if ref and ref not in topics:
-                connect = await self.kube.get_object(CONNECT_PLURAL, namespace, ref)
-                if connect is None:
-                    raise InputsNotReady(f"Connect {ref} does not exist in {namespace}")
-                topics[ref] = list((connect.get("status") or {}).get("topics") or [])
-        return topics
+    async def _upstream(self, namespace: str, view: TransformView) -> tuple[list[Upstream], str]:
+        """What the inputs reference (connectRef, transformRef), read now; and a transformRef cycle, if any."""
+        refs = upstream.refs_in(view.spec.get("inputs") or [], "spec.inputs")
+        cycle = await upstream.find_cycle(self.kube.get_object, namespace, view.name, refs) if refs else ""
+        return await upstream.resolve(self.kube.get_object, namespace, refs), cycle
 
     async def _avro(
-        self, namespace: str, spec: dict[str, Any], connect_topics: dict[str, list[str]]
+        self, namespace: str, spec: dict[str, Any], ref_topics: dict[str, list[str]]
     ) -> dict[str, dict[str, Any]]:
         """Where each Avro input's (and the output's) schemas come from: registry URL, subject, reader schema."""
         refs = avro_refs(spec)
@@ -86,7 +82,7 @@ class TransformReconciler:
                 if key == "output":
                     subject = ref.get("subject") or f"{spec['output']['kafka']['topic']}-value"
                 else:
-                    subject = ref.get("subject") or default_subject(items[key], connect_topics)
+                    subject = ref.get("subject") or default_subject(items[key], ref_topics)
             try:
                 registry = choose_registry(registry_name, registries, self.defaults.schema_registry)
             except RegistryNotChosen as exc:
@@ -110,6 +106,12 @@ class TransformReconciler:
         now = utcnow()
         # A spec that cannot run starts nothing and stops nothing: a run already going keeps going.
         invalid = problem(view.spec, name=view.name, namespace=namespace, defaults=self.defaults)
+        upstreams, cycle = await self._upstream(namespace, view)
+        if cycle and not invalid:
+            invalid = f"spec.inputs: transformRef makes a cycle ({cycle}); a Transform cannot read its own output"
+        health = upstream.condition(upstreams, namespace)
+        if event := upstream.transition(view.status.get("conditions"), health):
+            self._event(view, *event[:2], warning=event[2])
         plan = runs.Plan() if paused or invalid else runs.plan(view, apps, now)
         status = view.status
         current = dict(view.current)
@@ -137,13 +139,16 @@ class TransformReconciler:
             submission = current.get("submissionId") if current.get("name") == run else None
             submission = submission or str(uuid.uuid4())
             try:
-                topics = await self._connect_topics(namespace, view.spec)
+                if missing := next((u for u in upstreams if u.body is None), None):
+                    raise InputsNotReady(missing.trouble(namespace))
+                inputs = view.spec["inputs"]
+                topics = {inputs[u.ref.index]["name"]: u.topics() for u in upstreams}
                 job = render_job(
                     view.spec,
                     name=view.name,
                     namespace=namespace,
                     run=run,
-                    connect_topics=topics,
+                    ref_topics=topics,
                     defaults=self.defaults,
                     avro=await self._avro(namespace, view.spec, topics),
                     run_id=submission,
@@ -162,7 +167,7 @@ class TransformReconciler:
                 # Write-ahead: the run is in status before its SparkApplication exists, reported as
                 # the new run it is (Pending), never under the phase and conditions of the last one.
                 before, view.body["status"] = view.status, status
-                status = runs.report(view, current, now)
+                status = runs.report(view, current, now, upstream=health)
                 await self.kube.replace_status(PLURAL, namespace, view.name, status, before)
                 view.body["status"] = status
                 app = sparkapp.build(view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
@@ -188,7 +193,7 @@ class TransformReconciler:
                 result = {**result, "error": message}
         mirrored = runs.mirror_run(current, current_app, result)
         view.body["status"] = status
-        new_status = runs.report(view, mirrored, now, waiting=waiting, invalid=invalid)
+        new_status = runs.report(view, mirrored, now, waiting=waiting, invalid=invalid, upstream=health)
         await self._publish(view, new_status, ctx)
 
     async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from croniter import croniter
 
 from fibers import conditions
-from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
+from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time, with_upstream_note
 from fibers.transform.sparkapp import (
     FAILING,
     FINISHED_FAILED,
@@ -245,9 +245,15 @@ def mirror_run(current: dict[str, Any], app: dict[str, Any] | None, result: dict
 
 
 def report(
-    view: TransformView, run: dict[str, Any], now: datetime, *, waiting: str = "", invalid: str = ""
+    view: TransformView,
+    run: dict[str, Any],
+    now: datetime,
+    *,
+    waiting: str = "",
+    invalid: str = "",
+    upstream: Condition | None = None,
 ) -> dict[str, Any]:
-    """The Transform's status from its current run."""
+    """The Transform's status from its current run (and UpstreamReady, when given)."""
     status = {k: v for k, v in view.status.items() if k in ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce")}
     generation = int(view.body["metadata"].get("generation", 0))
     state = run.get("applicationState", "")
@@ -258,6 +264,8 @@ def report(
     conds, phase = _conditions(view, run, state, waiting)
     if invalid:  # the spec cannot run: say so, whatever the last run did
         conds, phase = conditions.stalled(INVALID, invalid), "Failed"
+    if upstream is not None:
+        conds = [*with_upstream_note(conds, upstream), upstream]
     status.update(
         observedGeneration=generation,
         phase=phase,

@@ -10,14 +10,15 @@ from typing import Any
 
 from croniter import croniter
 
+from fibers.api import TRANSFORM_PLURAL
 from fibers.jobs.spec import JobSpec, SpecError
 
-PLURAL = "transforms"
+PLURAL = TRANSFORM_PLURAL
 KIND = "Transform"
 
 
 class InputsNotReady(Exception):
-    """An input cannot be resolved yet (a connectRef whose Connect has no topics); retried later."""
+    """An input cannot be resolved yet (a referenced resource missing, or with no topics yet); retried later."""
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,16 @@ def render_job(
     name: str,
     namespace: str,
     run: str,
-    connect_topics: dict[str, list[str]],
+    ref_topics: dict[str, list[str]],
     defaults: Defaults,
     avro: dict[str, dict[str, Any]] | None = None,
     run_id: str | None = None,
 ) -> dict[str, Any]:
     """The JSON the job (fibers.jobs.transform) runs from. It never contains a secret value.
 
-    `avro` holds, by input name (and "output" for the output), what `resolve_avro` found for Avro
-    inputs: the registry's URL, the subject, and the reader schema of a schemaRef.
+    `ref_topics` holds, by input name, the topics behind each connectRef and transformRef input (as the
+    referenced resource reports them). `avro` holds, by input name (and "output" for the output), what
+    the reconciler found for Avro inputs: the registry's URL, the subject, and the reader schema of a schemaRef.
     """
     avro = avro or {}
     inputs: list[dict[str, Any]] = []
@@ -81,11 +83,12 @@ def render_job(
         if "kafka" in item:
             view["kafka"] = {k: v for k, v in item["kafka"].items() if k != "avro"}
             uses_kafka = True
-        elif "connectRef" in item:
-            ref = item["connectRef"]
-            topics = connect_topics.get(ref["name"]) or []
+        elif ref := item.get("connectRef") or item.get("transformRef"):
+            topics = ref_topics.get(item["name"]) or []
             if not topics:
-                raise InputsNotReady(f"Connect {ref['name']} has not reported any topics yet")
+                what = "has not reported any topics yet" if "connectRef" in item else "has no Kafka output"
+                kind = "Connect" if "connectRef" in item else "Transform"
+                raise InputsNotReady(f"input {item['name']}: {kind} {ref['name']} {what}")
             view["kafka"] = {"topics": topics, "startingOffsets": "earliest"}
             if ref.get("schema"):
                 view["kafka"]["schema"] = ref["schema"]
@@ -161,7 +164,7 @@ def avro_refs(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     refs = {
         item["name"]: dict(source["avro"])
         for item in spec["inputs"]
-        for source in (item.get("kafka") or item.get("connectRef") or {},)
+        for source in (item.get("kafka") or item.get("connectRef") or item.get("transformRef") or {},)
         if source.get("avro") is not None
     }
     output = (spec.get("output") or {}).get("kafka") or {}
@@ -170,10 +173,9 @@ def avro_refs(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return refs
 
 
-def default_subject(item: dict[str, Any], connect_topics: dict[str, list[str]]) -> str:
+def default_subject(item: dict[str, Any], ref_topics: dict[str, list[str]]) -> str:
     """TopicNameStrategy, as the converters use by default: the value subject of the input's first topic."""
-    in_connect = connect_topics.get((item.get("connectRef") or {}).get("name", "")) or []
-    topics = item["kafka"]["topics"] if "kafka" in item else in_connect
+    topics = item["kafka"]["topics"] if "kafka" in item else ref_topics.get(item["name"]) or []
     if not topics:
         raise InputsNotReady(f"input {item['name']}: no topic to take the subject from")
     return f"{sorted(topics)[0]}-value"
@@ -224,16 +226,14 @@ def problem(spec: dict[str, Any], *, name: str, namespace: str, defaults: Defaul
             slots.get_next(datetime)
         except (ValueError, KeyError) as exc:  # croniter's errors are ValueErrors; a bad macro can be a KeyError
             return f"spec.schedule: {schedule!r} is not a usable cron expression: {exc}"
-    topics = {
-        item["connectRef"]["name"]: [_PLACEHOLDER_TOPIC] for item in spec.get("inputs") or [] if "connectRef" in item
-    }
+    topics = {item["name"]: [_PLACEHOLDER_TOPIC] for item in spec.get("inputs") or [] if "name" in item}
     try:
         job = render_job(
             spec,
             name=name,
             namespace=namespace,
             run=name,
-            connect_topics=topics,
+            ref_topics=topics,
             defaults=defaults,
             avro={key: dict(_PLACEHOLDER_AVRO) for key in avro_refs(spec)},
         )

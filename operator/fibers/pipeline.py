@@ -1,0 +1,150 @@
+"""A pipeline as one thing: the resources labelled `fibers.dev/pipeline=NAME`, in the order data flows.
+
+Resources are linked by their references (connectRef, transformRef, sourceRefs) and by topics: a
+Transform or consumer that names a topic some other step writes reads from that step. The chain is
+printed upstream first; the first step that is not Ready is the first broken link — where to look.
+Pure, apart from `fetch` (one list call per kind); `fibers pipeline NAME` prints `render(order(…))`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fibers.api import CONNECT_PLURAL, DATABUS_PLURAL, GROUP, LABEL_PIPELINE, TRANSFORM_PLURAL, VERSION
+from fibers.conditions import find
+from fibers.upstream import REF_FIELDS, UPSTREAM_READY
+
+KINDS = {"Connect": CONNECT_PLURAL, "Transform": TRANSFORM_PLURAL, "DatabusConsumer": DATABUS_PLURAL}
+_RANK = {kind: rank for rank, kind in enumerate(KINDS)}
+
+
+@dataclass
+class Step:
+    kind: str
+    body: dict[str, Any]
+    reads: list[str] = field(default_factory=list)  # keys ("Kind/name") of the steps it reads from
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.body['metadata']['name']}"
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.body.get("status") or {})
+
+    @property
+    def ready(self) -> dict[str, Any]:
+        return find(self.status.get("conditions"), "Ready") or {}
+
+    def writes(self) -> set[str]:
+        """Topics this step writes."""
+        if self.kind == "Connect":
+            return {str(t) for t in self.status.get("topics") or []}
+        if self.kind == "Transform":
+            topic = ((self.body.get("spec") or {}).get("output") or {}).get("kafka", {}).get("topic")
+            return {str(topic)} if topic else set()
+        return {str(self.body["spec"]["sink"]["topic"])} if self.body["spec"]["sink"].get("topic") else set()
+
+    def names(self) -> tuple[set[str], set[str]]:
+        """(resources it references as Kind/name, raw topics it reads)."""
+        spec = self.body.get("spec") or {}
+        refs, topics = set(), set()
+        items = spec.get("inputs") if self.kind == "Transform" else spec.get("sourceRefs")
+        for item in items or []:
+            for key, kind in REF_FIELDS.items():
+                if (item.get(key) or {}).get("name"):
+                    refs.add(f"{kind}/{item[key]['name']}")
+            topics |= set((item.get("kafka") or {}).get("topics") or [])
+        if self.kind == "DatabusConsumer":
+            topics |= set(spec.get("sources") or [])
+        return refs, topics
+
+
+def order(bodies: dict[str, list[dict[str, Any]]]) -> list[Step]:
+    """The steps upstream first (a topological order; ties by kind, then name; a cycle keeps its rest last)."""
+    steps = {s.key: s for kind, items in bodies.items() for s in (Step(kind, body) for body in items)}
+    for step in steps.values():
+        refs, topics = step.names()
+        step.reads = sorted(
+            other.key
+            for other in steps.values()
+            if other is not step and (other.key in refs or topics & other.writes())
+        )
+    done: list[Step] = []
+    pending = sorted(steps.values(), key=lambda s: (_RANK[s.kind], s.key))
+    while pending:
+        placed = {s.key for s in done}
+        ready = [s for s in pending if all(r in placed for r in s.reads)] or pending[:1]
+        done.append(ready[0])
+        pending.remove(ready[0])
+    return done
+
+
+def detail(step: Step) -> str:
+    """What a person checks first for this kind: connector and tasks; the run; lag and mode."""
+    status = step.status
+    if step.kind == "Connect":
+        topics = ", ".join(sorted(step.writes())) or "-"
+        return f"connector {status.get('connectorState', '-')}, tasks {status.get('tasksReady', '-')}, topics {topics}"
+    if step.kind == "Transform":
+        run = status.get("currentRun") or {}
+        if not run:
+            return "no run yet"
+        records = f", {run['recordsOut']} records" if "recordsOut" in run else ""
+        when = f", finished {run['finishedAt']}" if run.get("finishedAt") else ""
+        return f"run {run.get('name', '-')} {run.get('applicationState', '-')}{records}{when}"
+    return (
+        f"lag {status.get('lag', '-')}, {status.get('consumptionMode', 'no checkpoint')}, "
+        f"events {status.get('eventsProcessed', '-')}"
+    )
+
+
+def first_broken(steps: list[Step]) -> Step | None:
+    """The first step, upstream first, that is not Ready: the others may only be suffering from it."""
+    return next((s for s in steps if s.ready.get("status") != "True"), None)
+
+
+def render(name: str, steps: list[Step]) -> str:
+    if not steps:
+        return f"pipeline {name}: no Connect, Transform or DatabusConsumer is labelled {LABEL_PIPELINE}={name}"
+    broken = first_broken(steps)
+    rows = [["", "STEP", "PHASE", "READY", "READS FROM", "DETAIL"]]
+    for index, step in enumerate(steps, 1):
+        ready = step.ready
+        upstream_ok = (find(step.status.get("conditions"), UPSTREAM_READY) or {}).get("status", "")
+        mark = "✗" if step is broken else ("!" if upstream_ok == "False" else " ")
+        rows.append(
+            [
+                f"{mark}{index}",
+                step.key,
+                str(step.status.get("phase", "-")),
+                f"{ready.get('status', '-')} {ready.get('reason', '')}".strip(),
+                ", ".join(step.reads) or "-",
+                detail(step),
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"pipeline {name}: {len(steps)} steps"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    if broken is None:
+        lines.append("every step is Ready")
+    else:
+        lines.append(
+            f"first broken link: {broken.key}: {broken.ready.get('reason', 'no status yet')}: "
+            f"{broken.ready.get('message', '')}".rstrip(": ")
+        )
+    return "\n".join(lines)
+
+
+def fetch(custom: Any, name: str, namespace: str | None) -> dict[str, list[dict[str, Any]]]:
+    """The pipeline's resources of each kind (`custom`: a kubernetes CustomObjectsApi)."""
+    selector = f"{LABEL_PIPELINE}={name}"
+    found = {}
+    for kind, plural in KINDS.items():
+        if namespace:
+            listing = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, label_selector=selector)
+        else:
+            listing = custom.list_cluster_custom_object(GROUP, VERSION, plural, label_selector=selector)
+        found[kind] = list(listing.get("items") or [])
+    return found

@@ -1,0 +1,210 @@
+"""The pipeline as one thing (real stack): typed references between kinds, UpstreamReady travelling
+downstream, Events on degrading and recovering, and `fibers pipeline` naming the first broken link."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from fibers_stack import StackInfo
+from tests.helpers import Resources, wait_for
+from tests.integration.conftest import OperatorProcess
+
+NEVER = "0 0 1 1 *"  # a batch Transform that waits for next New Year: it reports, and runs nothing meanwhile
+
+
+@pytest.fixture
+def connects(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    return Resources(kube, "connects", namespace)
+
+
+@pytest.fixture
+def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    return Resources(kube, "transforms", namespace)
+
+
+@pytest.fixture
+def consumers(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    return Resources(kube, "databusconsumers", namespace)
+
+
+def fibers_pipeline(stack_info: StackInfo, name: str, namespace: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fibers", "pipeline", name, "-n", namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
+    )
+
+
+def file_source(path: Path, topic: str) -> dict[str, Any]:
+    """Lines as records {"id": line}: a consumer keys each change by its id."""
+    hoist = {"transforms": "hoist", "transforms.hoist.type": "org.apache.kafka.connect.transforms.HoistField$Value"}
+    return {
+        "class": "FileStreamSource",
+        "config": {"file": str(path), "topic": topic, **hoist, "transforms.hoist.field": "id"},
+        "autoRestart": {"enabled": False},
+    }
+
+
+def test_downstream_reports_its_failing_connect_and_recovers_with_it(
+    connects: Resources,
+    transforms: Resources,
+    consumers: Resources,
+    stack_info: StackInfo,
+    namespace: str,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"line {i}\n" for i in range(5)))
+    src, view, report = f"{unique}-src", f"{unique}-view", f"{unique}-report"
+    labels = {"fibers.dev/pipeline": unique}
+    connects.create(src, file_source(source, unique), labels=labels)
+    consumers.create(
+        view,
+        {"sourceRefs": [{"connectRef": {"name": src}}], "startPosition": "earliest", "sink": {"type": "log"}},
+        labels=labels,
+    )
+    transforms.create(
+        report,
+        {
+            "schedule": NEVER,
+            "inputs": [{"name": "lines", "connectRef": {"name": src}}],
+            "sql": "SELECT count(*) AS n FROM lines",
+            "output": {"files": {"path": "/data/out", "format": "json"}},
+        },
+        labels=labels,
+    )
+    # The consumer's topics are the Connect's, resolved from its status, and it consumes them.
+    status = consumers.wait_status(
+        view, lambda s: s.get("eventsProcessed") == 5, timeout=180, what="the connector's 5 lines consumed"
+    )
+    assert status["sources"] == [unique]
+    assert consumers.condition(view, "UpstreamReady")["message"] == f"Connect {src}: Ready"
+    transforms.wait_condition(report, "True", "UpstreamReady", type_="UpstreamReady")
+    healthy = fibers_pipeline(stack_info, unique, namespace)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    lines = healthy.stdout.splitlines()
+    assert lines[0] == f"pipeline {namespace}/{unique}: 3 steps"
+    assert [line.split()[1] for line in lines[2:5]] == [
+        f"Connect/{src}",
+        f"Transform/{report}",
+        f"DatabusConsumer/{view}",
+    ]
+    assert lines[-1] == "every step is Ready"
+
+    # A config whose task fails: the producer refuses the topic name of the next line, and the task stops.
+    connects.patch(src, {"spec": {"config": {"topic": "not a topic!"}}})
+    wait_for(
+        lambda: (connects.status(src).get("observedGeneration") or 0) >= 2, timeout=30, what="config applied"
+    )
+    with source.open("a") as lines:
+        lines.write("line 5\n")
+    connects.wait_condition(src, "False", "TasksFailed", timeout=90)
+    for kind, name in ((consumers, view), (transforms, report)):
+        cond = kind.wait_condition(name, "False", "UpstreamNotReady", type_="UpstreamReady", timeout=30)
+        assert cond["message"].startswith(f"Connect {src} is not Ready (TasksFailed: ")
+        ready = kind.condition(name)
+        assert ready["status"] == "True", "UpstreamReady does not flip Ready by itself"
+        assert f"upstream: Connect {src} is not Ready" in ready["message"]
+        degraded = kind.wait_event(name, "UpstreamDegraded")
+        assert degraded["type"] == "Warning" and src in degraded["message"]
+    broken = fibers_pipeline(stack_info, unique, namespace)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    marked = [line for line in broken.stdout.splitlines() if line.startswith("✗")]
+    assert [line.split()[1] for line in marked] == [f"Connect/{src}"]
+    assert broken.stdout.splitlines()[-1].startswith(f"first broken link: Connect/{src}: TasksFailed: ")
+    assert any(line.startswith("!") and f"DatabusConsumer/{view}" in line for line in broken.stdout.splitlines())
+
+    # Fixed: the task runs again, and both say so.
+    connects.patch(src, {"spec": {"config": {"topic": unique}}})
+    connects.wait_condition(src, "True", "Running", timeout=90)
+    for kind, name in ((consumers, view), (transforms, report)):
+        kind.wait_condition(name, "True", "UpstreamReady", type_="UpstreamReady", timeout=30)
+        assert "upstream:" not in kind.condition(name)["message"]
+        assert kind.wait_event(name, "UpstreamRecovered")["type"] == "Normal"
+    assert fibers_pipeline(stack_info, unique, namespace).returncode == 0
+
+
+def test_a_missing_reference_is_a_condition_and_nothing_runs(
+    consumers: Resources, transforms: Resources, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    consumers.create(unique, {"sourceRefs": [{"connectRef": {"name": f"{unique}-nope"}}], "sink": {"type": "log"}})
+    ready = consumers.wait_condition(unique, "False", "SourcesNotResolved")
+    upstream = consumers.condition(unique, "UpstreamReady")
+    expected = f"Connect {unique}-nope (spec.sourceRefs[0].connectRef) does not exist in namespace {namespace}"
+    assert (upstream["status"], upstream["reason"], upstream["message"]) == ("False", "UpstreamMissing", expected)
+    assert expected in ready["message"]
+    deployments = client.AppsV1Api(kube).list_namespaced_deployment(
+        namespace, label_selector=f"fibers.dev/databusconsumer={unique}"
+    )
+    assert deployments.items == []
+
+    transforms.create(
+        f"{unique}-t",
+        {
+            "inputs": [{"name": "rows", "transformRef": {"name": f"{unique}-gone"}}],
+            "sql": "SELECT * FROM rows",
+            "output": {"files": {"path": "/data/out", "format": "json"}},
+        },
+    )
+    transforms.wait_condition(f"{unique}-t", "False", "InputsNotReady")
+    assert transforms.condition(f"{unique}-t", "UpstreamReady")["reason"] == "UpstreamMissing"
+
+
+def test_a_cycle_of_transform_refs_is_refused(transforms: Resources, unique: str) -> None:
+    def reads(other: str) -> dict[str, Any]:
+        return {
+            "inputs": [{"name": "rows", "transformRef": {"name": other}}],
+            "sql": "SELECT * FROM rows",
+            "output": {"kafka": {"topic": f"{other}-out"}},
+        }
+
+    transforms.create(f"{unique}-a", reads(f"{unique}-b"))
+    transforms.create(f"{unique}-b", reads(f"{unique}-a"))
+    for name, other in ((f"{unique}-a", f"{unique}-b"), (f"{unique}-b", f"{unique}-a")):
+        cond = transforms.wait_condition(name, "False", "InvalidSpec")
+        assert f"transformRef makes a cycle ({name} → {other} → {name})" in cond["message"]
+        assert transforms.condition(name, "Stalled")["status"] == "True"
+        assert "currentRun" not in transforms.status(name), "nothing was submitted"
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"sink": {"type": "log"}}, "sources, or the resources that write them in sourceRefs"),
+        (
+            {"sourceRefs": [{"connectRef": {"name": "a"}, "transformRef": {"name": "b"}}], "sink": {"type": "log"}},
+            "exactly one of connectRef, transformRef",
+        ),
+        (
+            {"sourceRefs": [{"connectRef": {"name": "Not_A_Name"}}], "sink": {"type": "log"}},
+            "sourceRefs[0].connectRef.name",
+        ),
+    ],
+)
+def test_bad_references_are_refused_by_the_api_server(
+    consumers: Resources, unique: str, spec: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ApiException) as refused:
+        consumers.create(unique, spec)
+    assert refused.value.status == 422 and words in str(refused.value.body)
+
+
+def test_source_refs_cannot_change(consumers: Resources, unique: str) -> None:
+    spec = {"sourceRefs": [{"connectRef": {"name": "a"}}], "sink": {"type": "log"}, "state": "stopped"}
+    consumers.create(unique, spec)
+    with pytest.raises(ApiException) as refused:
+        consumers.patch(unique, {"spec": {"sourceRefs": [{"connectRef": {"name": "b"}}]}})
+    assert refused.value.status == 422 and "sourceRefs cannot be changed" in str(refused.value.body)
+    wait_for(lambda: consumers.status(unique).get("phase"), timeout=30, what="a status")
