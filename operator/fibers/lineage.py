@@ -60,14 +60,29 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class Producer:
+    """The Fibers resource that writes a dataset, when a reference named it (connectRef, transformRef):
+    lineage then links the same resources the pipeline does (the `fibers_producer` dataset facet)."""
+
+    kind: str  # Connect | Transform
+    name: str
+    namespace: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Producer | None:
+        return cls(str(data["kind"]), str(data["name"]), str(data["namespace"])) if data else None
+
+
+@dataclass(frozen=True)
 class DatasetRef:
     namespace: str
     name: str
     rows: int | None = None  # read (inputs) or written (outputs), when known
+    producer: Producer | None = None
 
 
-def kafka(bootstrap_servers: str, topic: str, rows: int | None = None) -> DatasetRef:
-    return DatasetRef(f"kafka://{bootstrap_servers.split(',')[0].strip()}", topic, rows)
+def kafka(bootstrap_servers: str, topic: str, rows: int | None = None, producer: Producer | None = None) -> DatasetRef:
+    return DatasetRef(f"kafka://{bootstrap_servers.split(',')[0].strip()}", topic, rows, producer)
 
 
 def mongodb(uri: str, database: str, collection: str, rows: int | None = None) -> DatasetRef:

@@ -14,16 +14,17 @@ from typing import Any
 import attr
 from openlineage.client import OpenLineageClient
 from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
-from openlineage.client.facet_v2 import RunFacet
+from openlineage.client.facet_v2 import DatasetFacet, RunFacet
 from openlineage.client.generated.error_message_run import ErrorMessageRunFacet
 from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
 from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 from openlineage.client.transport.kafka import KafkaConfig, KafkaTransport
 
-from fibers.lineage import DatasetRef, IngestionRunFacet, Settings
+from fibers.lineage import DatasetRef, IngestionRunFacet, Producer, Settings
 
 PRODUCER = "https://github.com/fibers-dev/fibers"
 FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/IngestionRunFacet.json"
+PRODUCER_FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/ProducerDatasetFacet.json"
 
 
 @attr.define
@@ -40,6 +41,23 @@ class _IngestionFacet(RunFacet):
     @staticmethod
     def _get_schema() -> str:
         return FACET_SCHEMA
+
+
+@attr.define
+class _ProducerFacet(DatasetFacet):
+    """fibers.lineage.Producer: the Fibers resource that writes the dataset (the same fields)."""
+
+    kind: str = attr.field(default="")
+    name: str = attr.field(default="")
+    namespace: str = attr.field(default="")
+
+    @staticmethod
+    def _get_schema() -> str:
+        return PRODUCER_FACET_SCHEMA
+
+
+def _producer(producer: Producer | None) -> dict[str, DatasetFacet]:
+    return {"fibers_producer": _ProducerFacet(**dataclasses.asdict(producer))} if producer else {}
 
 
 @functools.cache
@@ -77,7 +95,12 @@ def build(
         job=Job(namespace=settings.namespace, name=settings.job),
         producer=PRODUCER,
         inputs=[
-            InputDataset(namespace=d.namespace, name=d.name, inputFacets=_rows("inputStatistics", d.rows))
+            InputDataset(
+                namespace=d.namespace,
+                name=d.name,
+                facets=_producer(d.producer),
+                inputFacets=_rows("inputStatistics", d.rows),
+            )
             for d in inputs
         ],
         outputs=[

@@ -124,11 +124,11 @@ def condition(upstreams: list[Upstream], namespace: str) -> Condition:
 def transition(before: list[dict[str, Any]] | None, after: Condition) -> tuple[str, str, bool] | None:
     """The Event (reason, message, warning) for an UpstreamReady change; None when nothing changed.
 
-    A first status that is healthy is not news; a first status that is not, is.
+    The first status is not news either way: a pipeline applied at once has every upstream still
+    starting, and the condition itself says so.
     """
     old = find(before, UPSTREAM_READY)
-    was_ok = old is None or old.get("status") == "True"
-    if was_ok == after.status:
+    if old is None or (old.get("status") == "True") == after.status:
         return None
     if after.status:
         return "UpstreamRecovered", f"upstream recovered: {after.message}", False

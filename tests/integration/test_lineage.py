@@ -154,7 +154,14 @@ def test_a_connector_run_starts_when_ready_and_completes_when_deleted(
     source.write_text("a\nb\n")
     os.chmod(tmp_path, 0o755)  # Kafka Connect reads it
     connects = Resources(kube, "connects", namespace)
-    connects.create(unique, {"class": "FileStreamSource", "config": {"file": str(source), "topic": unique}})
+    hoist = {"transforms": "id", "transforms.id.type": "org.apache.kafka.connect.transforms.HoistField$Value"}
+    connects.create(
+        unique,
+        {
+            "class": "FileStreamSource",
+            "config": {"file": str(source), "topic": unique, **hoist, "transforms.id.field": "id"},
+        },
+    )
     connects.wait_condition(unique, "True", "Running", timeout=90)
     connects.wait_status(unique, lambda s: bool(s.get("topics")), what="topics known")
     job = f"{namespace}.connect.{unique}"
@@ -162,6 +169,20 @@ def test_a_connector_run_starts_when_ready_and_completes_when_deleted(
     [start] = wait_for(lambda: events(bootstrap, lineage_topic, job) or None, timeout=60, what="START")
     assert start["eventType"] == "START"
     assert [(d["namespace"], d["name"]) for d in start["inputs"]] == [("file", str(source))]
+
+    # A consumer reading it through a sourceRef names the Connect as its input's producer, as the pipeline does.
+    consumers = Resources(kube, "databusconsumers", namespace)
+    consumers.create(
+        f"{unique}-c",
+        {"sourceRefs": [{"connectRef": {"name": unique}}], "startPosition": "earliest", "sink": {"type": "log"}},
+    )
+    consumer_job = f"{namespace}.databusconsumer.{unique}-c"
+    [own] = wait_for(lambda: events(bootstrap, lineage_topic, consumer_job) or None, timeout=120, what="its START")[:1]
+    assert [(d["name"], d["facets"].get("fibers_producer", {}).get("name")) for d in own["inputs"]] == [
+        (unique, unique)
+    ]
+    assert own["inputs"][0]["facets"]["fibers_producer"]["kind"] == "Connect"
+    consumers.delete(f"{unique}-c")
     connects.delete(unique)
     wait_for(lambda: not connects.exists(unique), timeout=60, what="Connect deleted")
     found = wait_for(

@@ -68,3 +68,59 @@ def test_the_operator_and_the_consumer_runtime_do_not_load_the_openlineage_clien
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_a_dataset_a_reference_resolved_names_the_resource_that_writes_it() -> None:
+    """connectRef and transformRef inputs (and consumer sourceRefs) link lineage the way the pipeline does."""
+    from fibers.jobs.spec import JobSpec
+    from fibers.transform.spec import Defaults, render_job
+
+    spec = {
+        "inputs": [
+            {"name": "changes", "connectRef": {"name": "orders-cdc"}},
+            {"name": "agg", "transformRef": {"name": "by-item"}},
+            {"name": "raw", "kafka": {"topics": ["raw"]}},
+        ],
+        "sql": "SELECT 1",
+        "output": {"files": {"path": "/o", "format": "json"}},
+    }
+    job = render_job(
+        spec,
+        name="report",
+        namespace="shop",
+        run="r-1",
+        ref_topics={"changes": ["shop.public.orders"], "agg": ["shop.by-item"]},
+        defaults=Defaults(kafka_bootstrap="kafka:9092"),
+    )
+    parsed = JobSpec.from_dict(job)
+    datasets = [d for i in parsed.inputs for d in i.source.datasets("kafka:9092", None)]
+    assert [(d.name, d.producer) for d in datasets] == [
+        ("shop.public.orders", lineage.Producer("Connect", "orders-cdc", "shop")),
+        ("shop.by-item", lineage.Producer("Transform", "by-item", "shop")),
+        ("raw", None),
+    ]
+    body = json.loads(Serde.to_json(lineage_events.build(SETTINGS, "START", datasets, [])))
+    assert body["inputs"][0]["facets"]["fibers_producer"]["kind"] == "Connect"
+    assert body["inputs"][0]["facets"]["fibers_producer"]["name"] == "orders-cdc"
+    assert body["inputs"][0]["facets"]["fibers_producer"]["_schemaURL"] == lineage_events.PRODUCER_FACET_SCHEMA
+    assert "fibers_producer" not in body["inputs"][2]["facets"]
+
+
+def test_a_consumers_sources_carry_their_producer_into_its_configuration() -> None:
+    from fibers.databus.config import ConsumerConfig
+    from fibers.databus.deployments import render_config
+
+    body = {
+        "metadata": {"name": "view", "namespace": "shop", "uid": "u"},
+        "spec": {"sourceRefs": [{"connectRef": {"name": "orders-cdc"}}], "sink": {"type": "log"}},
+    }
+    producer = {"kind": "Connect", "name": "orders-cdc", "namespace": "shop"}
+    config = render_config(
+        body,
+        instance=0,
+        topics=["shop.public.orders"],
+        kafka_bootstrap="kafka:9092",
+        producers={"shop.public.orders": producer, "shop.transaction": producer},
+    )
+    parsed = ConsumerConfig.from_dict(config).check()
+    assert parsed.producers == {"shop.public.orders": producer}  # only what it consumes

@@ -66,7 +66,7 @@ def test_events_on_degrading_and_recovering_only() -> None:
     assert upstream.transition(None, good) is None
     assert upstream.transition(was_good, good) is None
     assert upstream.transition(was_good, bad) == ("UpstreamDegraded", "Connect pg is not Ready", True)
-    assert upstream.transition(None, bad) == ("UpstreamDegraded", "Connect pg is not Ready", True)
+    assert upstream.transition(None, bad) is None, "a first status is not news"
     assert upstream.transition(was_bad, bad) is None
     assert upstream.transition(was_bad, good) == ("UpstreamRecovered", "upstream recovered: Connect pg: Ready", False)
 

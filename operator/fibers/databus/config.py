@@ -40,6 +40,7 @@ class ConsumerConfig:
     labels: dict[str, str] = field(default_factory=dict)
     registry_url: str | None = None  # values are Avro in the registry's wire format (spec.relay.avro)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace, job}: OpenLineage events go there
+    producers: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → the sourceRef that resolved to it
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConsumerConfig:
@@ -62,6 +63,7 @@ class ConsumerConfig:
             labels=dict(data.get("labels") or {}),
             registry_url=(relay.get("avro") or {}).get("registryUrl"),
             lineage=data.get("lineage"),
+            producers=dict(relay.get("producers") or {}),
         )
 
     def secrets(self) -> list[str]:

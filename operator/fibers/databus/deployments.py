@@ -27,13 +27,15 @@ def render_config(
     instance: int,
     topics: list[str],
     kafka_bootstrap: str | None,
+    producers: dict[str, dict[str, str]] | None = None,
     start_position: str | None = None,
     registry_url: str | None = None,
     lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON `fibers consume` runs from; secrets stay in environment variables.
 
-    `topics`: spec.sources, then what spec.sourceRefs resolved to (`consumed_topics`); `registry_url`:
+    `topics`: spec.sources, then what spec.sourceRefs resolved to (`consumed_topics`), and `producers`
+    the resource each of those came from (`producers`, for lineage); `registry_url`:
     the schema registry of spec.relay.avro, resolved by the reconciler; `lineage`: where
     the operator sends OpenLineage events ({topic, bootstrapServers, namespace}), None when it does not.
     """
@@ -51,6 +53,8 @@ def render_config(
     relay: dict[str, Any] = {"bootstrapServers": bootstrap_servers, "topics": list(topics)}
     if registry_url:
         relay["avro"] = {"registryUrl": registry_url}
+    if producers:
+        relay["producers"] = {topic: producers[topic] for topic in topics if topic in producers}
     return {
         "name": meta["name"],
         "namespace": meta["namespace"],
@@ -96,6 +100,15 @@ def consumed_topics(
         moved = "" if waiting or topics == pinned else f"sourceRefs now resolve to {topics}; consuming {pinned}"
         return list(pinned), "", moved
     return topics, waiting, ""
+
+
+def producers(upstreams: list[Upstream], namespace: str) -> dict[str, dict[str, str]]:
+    """Each resolved topic's producer (the referenced Connect or Transform), for lineage events."""
+    return {
+        topic: {"kind": u.ref.kind, "name": u.ref.name, "namespace": namespace}
+        for u in upstreams
+        for topic in u.topics()
+    }
 
 
 def _secret_env(name: str, ref: dict[str, Any]) -> dict[str, Any]:

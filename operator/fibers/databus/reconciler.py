@@ -125,6 +125,7 @@ class DatabusReconciler:
                     body,
                     instance=instance,
                     topics=topics,
+                    producers=deployments.producers(upstreams, namespace),
                     kafka_bootstrap=self.kafka_bootstrap,
                     start_position=start,
                     registry_url=registry_url,

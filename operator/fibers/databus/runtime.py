@@ -250,7 +250,10 @@ class Runtime:
 
     def _datasets(self) -> tuple[list[lineage.DatasetRef], list[lineage.DatasetRef]]:
         bootstrap = self.config.bootstrap_servers
-        inputs = [lineage.kafka(bootstrap, t) for t in self.config.topics]
+        producers = self.config.producers
+        inputs = [
+            lineage.kafka(bootstrap, t, None, lineage.Producer.from_dict(producers.get(t))) for t in self.config.topics
+        ]
         sink = self.config.sink
         outputs: list[lineage.DatasetRef] = []
         if sink["type"] in ("mongodb", "history"):

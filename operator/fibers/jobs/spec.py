@@ -47,11 +47,12 @@ class KafkaSource:
     schema: str | None = None
     starting_offsets: str = "earliest"
     avro: AvroRef | None = None  # values in the registry's wire format (schema is then None)
+    producer: lineage.Producer | None = None  # the Connect or Transform a reference named (connectRef, transformRef)
 
     def datasets(self, bootstrap: str, rows: int | None) -> list[lineage.DatasetRef]:
         """One dataset per topic; the row count only when there is one topic (it is counted per input)."""
         single = len(self.topics) == 1
-        return [lineage.kafka(bootstrap, t, rows if single else None) for t in self.topics]
+        return [lineage.kafka(bootstrap, t, rows if single else None, self.producer) for t in self.topics]
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,12 @@ def _parse_input(raw: Any, where: str) -> Input:
         avro_ref = _parse_avro(body.get("avro"), f"{at}.avro")
         if avro_ref is not None and body.get("schema") is not None:
             raise SpecError(f"{at}: avro values carry their own schema; leave schema out")
-        source = KafkaSource(tuple(topics), _opt_str(body, "schema", at), offsets, avro_ref)
+        producer = body.get("producer")
+        if producer is not None and not (isinstance(producer, dict) and {"kind", "name", "namespace"} <= set(producer)):
+            raise SpecError(f"{at}.producer must have kind, name and namespace")
+        source = KafkaSource(
+            tuple(topics), _opt_str(body, "schema", at), offsets, avro_ref, lineage.Producer.from_dict(producer)
+        )
     elif kind == "files":
         options = _str_map(body.get("options"), f"{at}.options")
         source = FilesSource(

@@ -85,11 +85,12 @@ def render_job(
             uses_kafka = True
         elif ref := item.get("connectRef") or item.get("transformRef"):
             topics = ref_topics.get(item["name"]) or []
+            kind = "Connect" if "connectRef" in item else "Transform"
             if not topics:
                 what = "has not reported any topics yet" if "connectRef" in item else "has no Kafka output"
-                kind = "Connect" if "connectRef" in item else "Transform"
                 raise InputsNotReady(f"input {item['name']}: {kind} {ref['name']} {what}")
             view["kafka"] = {"topics": topics, "startingOffsets": "earliest"}
+            view["kafka"]["producer"] = {"kind": kind, "name": ref["name"], "namespace": namespace}  # for lineage
             if ref.get("schema"):
                 view["kafka"]["schema"] = ref["schema"]
             uses_kafka = True
