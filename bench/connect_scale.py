@@ -44,6 +44,8 @@ import fibers_stack as stack
 from bench.machine import Run, say
 from fibers_stack import crds, platform_resources
 
+WITHOUT_KUBERNETES = Path(__file__).resolve().parents[1] / "tools" / "without-kubernetes"
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -226,6 +228,8 @@ def operator_run(
         **info.env(),
         "FIBERS_CONNECT_DEFAULT_CLUSTER": namespace,
         "FIBERS_CONNECT_SYNC_INTERVAL": str(interval),
+        # As the operator image runs it: without the `kubernetes` package (RSS is the image's).
+        "PYTHONPATH": os.pathsep.join(p for p in (str(WITHOUT_KUBERNETES), os.environ.get("PYTHONPATH")) if p),
     }
     log = open(workdir / f"operator-{n}.log", "wb")  # noqa: SIM115
     op = subprocess.Popen([sys.executable, "-m", "fibers", "run", "-n", namespace], stdout=log, stderr=log, env=env)

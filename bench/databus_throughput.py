@@ -37,11 +37,11 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kubernetes import client, config
 from pymongo import MongoClient, ReplaceOne
 
 import fibers_stack as stack
 from bench.machine import Run, say
+from fibers import kubeapi
 from fibers.databus import tuning
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.config import ConsumerConfig
@@ -114,7 +114,7 @@ class NoopSink(Callback):
 
 
 def run_runtime(
-    info: stack.StackInfo, core: client.CoreV1Api, topic: str, n: int, callback: Callback, **extra: Any
+    info: stack.StackInfo, api: kubeapi.Api, topic: str, n: int, callback: Callback, **extra: Any
 ) -> tuple[float, float]:
     """Run the runtime in a thread until it has processed n events: (events/s, ConfigMap writes/s)."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
@@ -129,7 +129,7 @@ def run_runtime(
             **extra,
         }
     )
-    runtime = Runtime(cfg, core, callback=callback)
+    runtime = Runtime(cfg, api, callback=callback)
     tuning.settle_collector()  # as `fibers consume` does before it runs the consumer
     started = time.monotonic()
     thread = threading.Thread(target=runtime.run, daemon=True)
@@ -144,11 +144,11 @@ def run_runtime(
     thread.join(60)
     if runtime.events_processed < n:
         raise RuntimeError(f"the runtime processed {runtime.events_processed} of {n} events")
-    core.delete_namespaced_config_map(f"{name}-checkpoint", "default")
+    api.delete(kubeapi.path("v1", "configmaps", "default", f"{name}-checkpoint"))
     return n / elapsed, writes / elapsed
 
 
-def bootstrap_rate(info: stack.StackInfo, core: client.CoreV1Api, rows: int) -> float:
+def bootstrap_rate(info: stack.StackInfo, api: kubeapi.Api, rows: int) -> float:
     """Fill a store directly, then time a consumer bootstrapping from it."""
     topic = f"boot-{uuid.uuid4().hex[:6]}"
     produce(info.kafka_bootstrap, topic, 1)  # the relay topic must exist
@@ -173,7 +173,7 @@ def bootstrap_rate(info: stack.StackInfo, core: client.CoreV1Api, rows: int) -> 
     os.environ["BENCH_STORE"] = info.mongodb_uri
     rate, _ = run_runtime(
         info,
-        core,
+        api,
         topic,
         rows,
         NoopSink(),
@@ -194,7 +194,7 @@ def main() -> int:
     session = Run("databus_throughput")
     say("starting (or reusing) the local stack")
     info = stack.up()
-    core = client.CoreV1Api(config.new_client_from_config(config_file=info.kubeconfig))
+    api = kubeapi.Api(kubeapi.from_kubeconfig(info.kubeconfig))
     topic = f"bench-{uuid.uuid4().hex[:6]}"
     say(f"producing {args.events} records to {topic}")
     produce(info.kafka_bootstrap, topic, args.events)
@@ -205,7 +205,7 @@ def main() -> int:
         plain.append(plain_loop(info.kafka_bootstrap, topic, args.events))
         plain_json.append(plain_loop(info.kafka_bootstrap, topic, args.events, parse_json))
         plain_tuned.append(plain_loop(info.kafka_bootstrap, topic, args.events, parse_json, **tuning.KAFKA_CONSUMER))
-        rate, write_rate = run_runtime(info, core, topic, args.events, NoopSink())
+        rate, write_rate = run_runtime(info, api, topic, args.events, NoopSink())
         noop.append(rate)
         writes.append(write_rate)
         say(
@@ -220,9 +220,7 @@ def main() -> int:
     results["configmap_writes_per_s"] = round(max(writes), 2)
     results["noop_ratio"] = round(results["noop_sink_eps"] / results["plain_loop_eps"], 2)
     results["noop_ratio_same_parser"] = round(results["noop_sink_eps"] / results["plain_loop_parse_json_eps"], 2)
-    results["noop_ratio_same_settings"] = round(
-        results["noop_sink_eps"] / results["plain_loop_same_settings_eps"], 2
-    )
+    results["noop_ratio_same_settings"] = round(results["noop_sink_eps"] / results["plain_loop_same_settings_eps"], 2)
 
     os.environ["BENCH_MONGO"] = info.mongodb_uri
     mongo_topic = f"benchm-{uuid.uuid4().hex[:6]}"
@@ -230,7 +228,7 @@ def main() -> int:
     # FerretDB's more than ours: the same records through a plain pymongo loop tell the two apart.
     produce(info.kafka_bootstrap, mongo_topic, args.mongo_events, keys=args.mongo_events // 2)
     sink = MongoSink("BENCH_MONGO", "bench", mongo_topic.replace("-", "_"))
-    mongo_rate, _ = run_runtime(info, core, mongo_topic, args.mongo_events, sink)
+    mongo_rate, _ = run_runtime(info, api, mongo_topic, args.mongo_events, sink)
     results["mongodb_sink_eps"] = round(mongo_rate)
     say(f"runtime, MongoDB sink: {results['mongodb_sink_eps']} events/s")
     results["plain_mongo_bulk_eps"] = round(
@@ -239,7 +237,7 @@ def main() -> int:
     results["mongodb_ratio"] = round(mongo_rate / results["plain_mongo_bulk_eps"], 2)
     say(f"plain pymongo bulk loop: {results['plain_mongo_bulk_eps']} events/s (ratio {results['mongodb_ratio']})")
 
-    results["bootstrap_rows_per_s"] = round(bootstrap_rate(info, core, args.bootstrap_rows))
+    results["bootstrap_rows_per_s"] = round(bootstrap_rate(info, api, args.bootstrap_rows))
     say(f"bootstrap: {results['bootstrap_rows_per_s']} rows/s")
     results["goals"] = {
         "noop_ratio_ge_1.0": results["noop_ratio"] >= 1.0,

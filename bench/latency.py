@@ -40,10 +40,10 @@ import psycopg
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kubernetes import client, config
 
 import fibers_stack as stack
 from bench.machine import Run, say
+from fibers import kubeapi
 from fibers.databus.callbacks import Result
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent
@@ -140,7 +140,7 @@ def quantiles(values: list[float]) -> dict[str, float]:
 
 
 def measure(
-    info: stack.StackInfo, core: client.CoreV1Api, rate: float, seconds: float, overrides: dict[str, str]
+    info: stack.StackInfo, api: kubeapi.Api, rate: float, seconds: float, overrides: dict[str, str]
 ) -> dict[str, Any]:
     table = f"lat_{uuid.uuid4().hex[:6]}"
     topic = f"{table}.public.{table}"
@@ -162,7 +162,7 @@ def measure(
             "startPosition": "earliest",
         }
     )
-    runtime = Runtime(cfg, core, callback=sink)
+    runtime = Runtime(cfg, api, callback=sink)
     with psycopg.connect(info.postgres_dsn, autocommit=True) as pg:
         pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
         connect.post("/connectors", json={"name": table, "config": connector_config(info, table, overrides)})
@@ -193,8 +193,8 @@ def measure(
             connect.delete(f"/connectors/{table}")
             drop_slot(info.postgres_dsn, table)  # max_replication_slots is small: leave none behind
             pg.execute(f"DROP TABLE {table}")
-            with contextlib.suppress(client.ApiException):
-                core.delete_namespaced_config_map(f"{name}-checkpoint", "default")
+            with contextlib.suppress(kubeapi.ApiError):
+                api.delete(kubeapi.path("v1", "configmaps", "default", f"{name}-checkpoint"))
     missing = [i for i in range(count) if i not in sink.written]
     if missing:
         raise RuntimeError(f"{len(missing)} of {count} changes never reached MongoDB")
@@ -221,10 +221,10 @@ def main() -> int:
     session = Run("latency")
     say("starting (or reusing) the local stack")
     info = stack.up()
-    core = client.CoreV1Api(config.new_client_from_config(config_file=info.kubeconfig))
+    api = kubeapi.Api(kubeapi.from_kubeconfig(info.kubeconfig))
     results: dict[str, Any] = {"seconds": args.seconds, "debezium_overrides": overrides}
     for rate in (float(r) for r in args.rates.split(",")):
-        figures = measure(info, core, rate, args.seconds, overrides)
+        figures = measure(info, api, rate, args.seconds, overrides)
         results[f"{rate:g}/s"] = figures
         say(
             f"{rate:g}/s: total p50 {figures['total']['p50_ms']} ms, p99 {figures['total']['p99_ms']} ms; "

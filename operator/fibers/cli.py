@@ -44,13 +44,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from kubernetes import client
-
     from fibers import termination
     from fibers.databus import tuning
     from fibers.databus.config import ConsumerConfig
     from fibers.databus.runtime import Runtime
-    from fibers.kube import load_client
+    from fibers.kubeapi import Api
 
     raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")
     try:
@@ -64,7 +62,7 @@ def _consume(args: argparse.Namespace) -> int:
         termination.write(message)
         return 2
     try:
-        runtime = Runtime(config, client.CoreV1Api(load_client()))
+        runtime = Runtime(config, Api())
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
         return _crashed(exc, config.secrets())
@@ -77,13 +75,11 @@ def _consume(args: argparse.Namespace) -> int:
 
 def _pipeline(args: argparse.Namespace) -> int:
     """Print a pipeline's chain upstream first; exit 1 when a step is not Ready (for scripts), 2 when it is empty."""
-    from kubernetes import client, config
+    from fibers import kubeapi, pipeline
 
-    from fibers import pipeline
-
-    config.load_kube_config()
-    namespace = args.namespace or config.list_kube_config_contexts()[1]["context"].get("namespace") or "default"
-    steps = pipeline.order(pipeline.fetch(client.CustomObjectsApi(), args.name, namespace))
+    api = kubeapi.Api(kubeapi.from_kubeconfig())
+    namespace = args.namespace or api.config.namespace
+    steps = pipeline.order(pipeline.fetch(api, args.name, namespace))
     print(pipeline.render(f"{namespace}/{args.name}", steps))
     if not steps:
         return 2

@@ -1,25 +1,21 @@
 """The operator's Kubernetes access beyond what kopf does: Secrets, status writes, annotations.
 
-The official client is synchronous; calls run in worker threads so the event loop stays free.
+The calls go through `fibers.kubeapi` (synchronous) in worker threads, so the event loop stays free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import functools
-import json
 import logging
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-
-from fibers.api import GROUP, VERSION
+from fibers.api import API_VERSION
+from fibers.kubeapi import Api, ApiError, Unreachable, path
 
 log = logging.getLogger("fibers.kube")
 
@@ -37,12 +33,10 @@ def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 def describe(exc: BaseException) -> str:
     """A one-line account of an error; for API errors, the API server's own message."""
-    if isinstance(exc, ApiException):
-        try:
-            message = json.loads(exc.body or "{}").get("message") or exc.reason
-        except ValueError:
-            message = exc.reason
-        return f"{exc.status} {exc.reason}: {message}"
+    if isinstance(exc, ApiError):
+        return f"{exc.status} {exc.reason}: {exc.message}"
+    if isinstance(exc, Unreachable):
+        return f"no answer: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -82,117 +76,111 @@ class SecretMissing(LookupError):
     """A referenced Secret or key does not exist (the message never carries a value)."""
 
 
-def load_client() -> client.ApiClient:
+def load_client() -> Api:
     """In-cluster credentials when running in a pod, otherwise the kubeconfig (KUBECONFIG)."""
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+    return Api()
+
+
+def custom(plural: str, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+    """The URL path of fibers.dev objects."""
+    return path(API_VERSION, plural, namespace, name, sub)
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: Api) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
         self._background: set[asyncio.Task[None]] = set()
         # Events get their own threads: a burst of them (one per connector created) must not queue
         # ahead of the claims and status writes that the next creates and Ready reports wait on.
         self._event_threads = ThreadPoolExecutor(2, thread_name_prefix="kube-events")
 
+    async def call(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        """One API call in a worker thread (`kubeapi.Api.request`'s arguments)."""
+        return await asyncio.to_thread(self.api.request, method, url, **kwargs)
+
+    async def read(self, url: str) -> dict[str, Any] | None:
+        """An object, or None when it does not exist."""
+        return await asyncio.to_thread(self.api.get_or_none, url)
+
+    async def items(self, url: str, **params: Any) -> list[dict[str, Any]]:
+        """A list's items (`labelSelector=…` as a keyword)."""
+        return await asyncio.to_thread(self.api.items, url, **params)
+
+    async def delete(self, url: str, *, propagation: str | None = None) -> None:
+        """Delete an object; one already gone is not an error."""
+        await asyncio.to_thread(lambda: self.api.delete(url, propagation=propagation))
+
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
-        try:
-            secret = await asyncio.to_thread(self.core.read_namespaced_secret, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise SecretMissing(f"Secret {namespace}/{name} not found") from None
-            raise
-        data = secret.data or {}
+        secret = await self.read(path("v1", "secrets", namespace, name))
+        if secret is None:
+            raise SecretMissing(f"Secret {namespace}/{name} not found")
+        data = secret.get("data") or {}
         if key not in data:
             raise SecretMissing(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode()
 
     async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A fibers.dev object, or None when it does not exist."""
-        try:
-            body = await asyncio.to_thread(
-                self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return cast(dict[str, Any], body)
+        return await self.read(custom(plural, namespace, name))
 
     async def list_cluster_objects(self, plural: str) -> list[dict[str, Any]]:
         """Every cluster-scoped fibers.dev object of a kind (SchemaRegistries, ConnectClusters)."""
-        found = await asyncio.to_thread(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
-        return list(cast(dict[str, Any], found).get("items") or [])
+        return await self.items(custom(plural))
 
     async def replace_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any] | None = None
     ) -> None:
         """Write status as a merge patch; fields in `previous` but not in `status` are removed."""
-        patch = {"status": merge_patch(previous or {}, status)}
-        try:
-            await asyncio.to_thread(
-                self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name, patch
-            )
-        except ApiException as exc:
-            if exc.status != 404:  # deleted meanwhile: nothing to report on
-                raise
+        await self._patch_status(custom(plural, namespace, name, "status"), status, previous)
 
     async def replace_cluster_status(
         self, plural: str, name: str, status: dict[str, Any], previous: dict[str, Any] | None = None
     ) -> None:
         """`replace_status` for a cluster-scoped fibers.dev object."""
-        patch = {"status": merge_patch(previous or {}, status)}
+        await self._patch_status(custom(plural, None, name, "status"), status, previous)
+
+    async def _patch_status(self, url: str, status: dict[str, Any], previous: dict[str, Any] | None) -> None:
         try:
-            await asyncio.to_thread(self.custom.patch_cluster_custom_object_status, GROUP, VERSION, plural, name, patch)
-        except ApiException as exc:
-            if exc.status != 404:
+            await asyncio.to_thread(self.api.patch, url, {"status": merge_patch(previous or {}, status)})
+        except ApiError as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing to report on
                 raise
 
     async def namespace_labels(self, name: str) -> dict[str, str]:
         """A namespace's labels ({} when it does not exist)."""
-        try:
-            found = await asyncio.to_thread(self.core.read_namespace, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return dict((found.metadata and found.metadata.labels) or {})
+        found = await self.read(path("v1", "namespaces", None, name))
+        return dict(((found or {}).get("metadata") or {}).get("labels") or {})
 
     async def post_event(self, ref: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """A Kubernetes Event on the resource; failing to post one is logged, never raised."""
         meta = ref["metadata"]
-        now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
-            involved_object=client.V1ObjectReference(
-                api_version=ref["apiVersion"],
-                kind=ref["kind"],
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta["uid"],
-            ),
-            reason=reason,
-            message=message[:1024],
-            type="Warning" if warning else "Normal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=client.V1EventSource(component="fibers-operator"),
-            reporting_component="fibers.dev/operator",
-            reporting_instance=socket.gethostname(),
-        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": ref["apiVersion"],
+                "kind": ref["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "fibers-operator"},
+            "reportingComponent": "fibers.dev/operator",
+            "reportingInstance": socket.gethostname(),
+        }
+        url = path("v1", "events", meta["namespace"])
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._event_threads, self.core.create_namespaced_event, meta["namespace"], event
-            )
-        except ApiException as exc:
-            log.warning("could not post event", extra={"reason": reason, "status": exc.status})
+            await asyncio.get_running_loop().run_in_executor(self._event_threads, self.api.create, url, event)
+        except (ApiError, Unreachable) as exc:
+            log.warning("could not post event", extra={"reason": reason, "error": describe(exc)})
 
     def post_event_soon(self, ref: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Post an Event in the background, so a reconcile never waits on it."""
@@ -207,18 +195,9 @@ class Kube:
 
         False when the object is gone.
         """
-        content_type = "application/json-patch+json" if isinstance(patch, list) else "application/merge-patch+json"
         try:
-            await asyncio.to_thread(
-                functools.partial(self.custom.patch_namespaced_custom_object, _content_type=content_type),
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                patch,
-            )
-        except ApiException as exc:
+            await asyncio.to_thread(self.api.patch, custom(plural, namespace, name), patch)
+        except ApiError as exc:
             if exc.status == 404:
                 return False
             raise
@@ -232,16 +211,16 @@ class Kube:
             if finalizer not in finalizers:
                 return
             index = finalizers.index(finalizer)
-            path = f"/metadata/finalizers/{index}"
+            at = f"/metadata/finalizers/{index}"
             try:
                 await self.patch_object(
                     plural,
                     namespace,
                     name,
-                    [{"op": "test", "path": path, "value": finalizer}, {"op": "remove", "path": path}],
+                    [{"op": "test", "path": at, "value": finalizer}, {"op": "remove", "path": at}],
                 )
                 return
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status not in (409, 422):  # the list changed under us: read it again
                     raise
         raise RuntimeError(f"finalizers of {plural}/{namespace}/{name} keep changing")
@@ -251,35 +230,30 @@ class Kube:
 
     async def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""
-        try:
-            found = await asyncio.to_thread(self.core.read_namespaced_config_map, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return dict(found.data or {})
+        found = await self.read(path("v1", "configmaps", namespace, name))
+        return None if found is None else dict(found.get("data") or {})
 
     async def put_configmap(
         self, namespace: str, name: str, data: dict[str, str], *, owner: dict[str, Any], annotations: dict[str, str]
     ) -> None:
         """Create the ConfigMap, or replace its data and annotations; owned by `owner` (deleted with it)."""
         meta = owner["metadata"]
-        body = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                namespace=namespace,
-                annotations=annotations,
-                owner_references=[
-                    client.V1OwnerReference(
-                        api_version=owner["apiVersion"], kind=owner["kind"], name=meta["name"], uid=meta["uid"]
-                    )
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": annotations,
+                "ownerReferences": [
+                    {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"]}
                 ],
-            ),
-            data=data,
-        )
+            },
+            "data": data,
+        }
         try:
-            await asyncio.to_thread(self.core.create_namespaced_config_map, namespace, body)
-        except ApiException as exc:
+            await asyncio.to_thread(self.api.create, path("v1", "configmaps", namespace), body)
+        except ApiError as exc:
             if exc.status != 409:
                 raise
-            await asyncio.to_thread(self.core.replace_namespaced_config_map, name, namespace, body)
+            await asyncio.to_thread(self.api.replace, path("v1", "configmaps", namespace, name), body)

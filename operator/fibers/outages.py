@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import kopf
-import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from fibers.kube import describe
+from fibers.kubeapi import ApiError, Unreachable
 
 RETRY_SECONDS = 5.0  # how soon a handler tries again after the API server did not answer
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})  # overloaded, restarting, or behind a proxy that is
@@ -25,9 +24,9 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})  # overloaded, restart
 def api_outage_is_temporary(delay: float = RETRY_SECONDS) -> Iterator[None]:
     try:
         yield
-    except urllib3.exceptions.HTTPError as exc:  # connection refused or reset, timed out: no answer at all
+    except Unreachable as exc:  # connection refused or reset, timed out: no answer at all
         raise kopf.TemporaryError(f"the Kubernetes API server did not answer: {describe(exc)}", delay=delay) from None
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status not in TRANSIENT_STATUSES:
             raise
         raise kopf.TemporaryError(f"the Kubernetes API server is unavailable: {describe(exc)}", delay=delay) from None

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fibers.api import CONNECT_PLURAL, DATABUS_PLURAL, GROUP, LABEL_PIPELINE, TRANSFORM_PLURAL, VERSION
+from fibers.api import API_VERSION, CONNECT_PLURAL, DATABUS_PLURAL, LABEL_PIPELINE, TRANSFORM_PLURAL
 from fibers.conditions import find
+from fibers.kubeapi import Api, path
 from fibers.upstream import REF_FIELDS, UPSTREAM_READY
 
 KINDS = {"Connect": CONNECT_PLURAL, "Transform": TRANSFORM_PLURAL, "DatabusConsumer": DATABUS_PLURAL}
@@ -137,14 +138,9 @@ def render(name: str, steps: list[Step]) -> str:
     return "\n".join(lines)
 
 
-def fetch(custom: Any, name: str, namespace: str | None) -> dict[str, list[dict[str, Any]]]:
-    """The pipeline's resources of each kind (`custom`: a kubernetes CustomObjectsApi)."""
+def fetch(api: Api, name: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
+    """The pipeline's resources of each kind, one list call each."""
     selector = f"{LABEL_PIPELINE}={name}"
-    found = {}
-    for kind, plural in KINDS.items():
-        if namespace:
-            listing = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, label_selector=selector)
-        else:
-            listing = custom.list_cluster_custom_object(GROUP, VERSION, plural, label_selector=selector)
-        found[kind] = list(listing.get("items") or [])
-    return found
+    return {
+        kind: api.items(path(API_VERSION, plural, namespace), labelSelector=selector) for kind, plural in KINDS.items()
+    }

@@ -26,6 +26,7 @@ from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+WITHOUT_KUBERNETES = REPO / "tools" / "without-kubernetes"
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +77,9 @@ class OperatorProcess:
         self, stack: StackInfo, namespace: str, log_file: Path, env: dict[str, str], args: tuple[str, ...] = ()
     ) -> None:
         self.stack, self.namespace, self.log_file, self.args = stack, namespace, log_file, args
-        self.env = {**os.environ, **stack.env(), **env}
+        # As in the operator image: no `kubernetes` package (see tools/without-kubernetes).
+        python_path = os.pathsep.join(p for p in (str(WITHOUT_KUBERNETES), os.environ.get("PYTHONPATH")) if p)
+        self.env = {**os.environ, **stack.env(), "PYTHONPATH": python_path, **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

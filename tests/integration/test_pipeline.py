@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fibers_stack import StackInfo
 from tests.helpers import Resources, wait_for
-from tests.integration.conftest import OperatorProcess
+from tests.integration.conftest import WITHOUT_KUBERNETES, OperatorProcess
 
 NEVER = "0 0 1 1 *"  # a batch Transform that waits for next New Year: it reports, and runs nothing meanwhile
 
@@ -42,7 +42,7 @@ def fibers_pipeline(stack_info: StackInfo, name: str, namespace: str) -> subproc
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
+        env={**os.environ, "KUBECONFIG": stack_info.kubeconfig, "PYTHONPATH": str(WITHOUT_KUBERNETES)},
     )
 
 
@@ -105,9 +105,7 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
 
     # A config whose task fails: the producer refuses the topic name of the next line, and the task stops.
     connects.patch(src, {"spec": {"config": {"topic": "not a topic!"}}})
-    wait_for(
-        lambda: (connects.status(src).get("observedGeneration") or 0) >= 2, timeout=30, what="config applied"
-    )
+    wait_for(lambda: (connects.status(src).get("observedGeneration") or 0) >= 2, timeout=30, what="config applied")
     with source.open("a") as lines:
         lines.write("line 5\n")
     connects.wait_condition(src, "False", "TasksFailed", timeout=90)

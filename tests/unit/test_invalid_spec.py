@@ -9,11 +9,10 @@ from typing import Any
 
 import kopf
 import pytest
-import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from fibers import outages, termination
 from fibers.databus.config import ConfigError, ConsumerConfig
+from fibers.kubeapi import ApiError, Unreachable
 from fibers.transform import runs
 from fibers.transform.runs import TransformView
 from fibers.transform.spec import Defaults, problem
@@ -186,10 +185,10 @@ def test_without_a_termination_log_nothing_is_raised(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(
     "error",
     [
-        urllib3.exceptions.MaxRetryError(None, "/apis", urllib3.exceptions.NewConnectionError(None, "refused")),  # type: ignore[arg-type]
-        urllib3.exceptions.ProtocolError("Connection aborted."),
-        ApiException(status=503, reason="Service Unavailable"),
-        ApiException(status=429, reason="Too Many Requests"),
+        Unreachable("ConnectError: [Errno 111] Connection refused"),
+        Unreachable("RemoteProtocolError: Server disconnected without sending a response."),
+        ApiError(503, "Service Unavailable"),
+        ApiError(429, "Too Many Requests"),
     ],
 )
 def test_an_api_server_outage_is_a_one_line_retry_not_a_traceback(error: Exception) -> None:
@@ -200,5 +199,5 @@ def test_an_api_server_outage_is_a_one_line_retry_not_a_traceback(error: Excepti
 
 
 def test_other_api_errors_stay_what_they_are() -> None:
-    with pytest.raises(ApiException), outages.api_outage_is_temporary():
-        raise ApiException(status=404, reason="Not Found")
+    with pytest.raises(ApiError), outages.api_outage_is_temporary():
+        raise ApiError(404, "Not Found")

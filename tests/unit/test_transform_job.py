@@ -444,7 +444,7 @@ def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
 ) -> None:
     """The Spark Operator only sees the exit code; the operator reads Spark's words from this ConfigMap."""
     written = error_writes(monkeypatch)
-    monkeypatch.setattr(job, "_prepare_core_api", lambda: None)
+    monkeypatch.setattr(job, "prepare_kube_api", lambda: None)
     write_json_lines(tmp_path / "in", ORDERS)
     spec = spec_dict(tmp_path, sql="SELECT * FROM missing_table", resultConfigMap="orders-report-1a2b3c4d-result")
     code, _, err = run_main(spec, capsys)
@@ -468,26 +468,18 @@ def test_an_invalid_spec_writes_its_error_too(
 
 
 def test_the_error_config_map_holds_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubernetes import client
-
     bodies: list[Any] = []
 
-    class FakeCore:
-        def __init__(self, api: object) -> None:
-            pass
-
-        def create_namespaced_config_map(self, namespace: str, body: Any, **kwargs: Any) -> None:
+    class FakeApi:
+        def create(self, url: str, body: Any, **kwargs: Any) -> None:
             bodies.append(body)
 
-    monkeypatch.setattr("fibers.kube.load_client", lambda: object())
-    monkeypatch.setattr(client, "CoreV1Api", FakeCore)
-    report._core_api.cache_clear()
+    monkeypatch.setattr(report, "kube_api", FakeApi)
     assert report.write_error_config_map("shop", "cm", "orders-report", "[X] " + "y" * 20_000)
     [body] = bodies
-    assert set(body.data) == {"error"} and body.data["error"].startswith("[X] ")
-    assert len(body.data["error"]) == report.ERROR_LIMIT
-    assert body.metadata.labels["fibers.dev/transform"] == "orders-report"
-    report._core_api.cache_clear()
+    assert set(body["data"]) == {"error"} and body["data"]["error"].startswith("[X] ")
+    assert len(body["data"]["error"]) == report.ERROR_LIMIT
+    assert body["metadata"]["labels"]["fibers.dev/transform"] == "orders-report"
 
 
 class FakeBuilder:
@@ -544,35 +536,27 @@ def test_under_spark_submit_the_kafka_jars_come_from_the_class_path(
 
 
 def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+    from fibers.kubeapi import ApiError
 
     calls: list[tuple[str, Any]] = []
 
-    class FakeCore:
-        def __init__(self, api: object) -> None:
-            pass
+    class FakeApi:
+        def create(self, url: str, body: Any, **kwargs: Any) -> None:
+            calls.append(("create", body["data"]))
+            raise ApiError(409, "AlreadyExists")
 
-        def create_namespaced_config_map(self, namespace: str, body: Any, **kwargs: Any) -> None:
-            calls.append(("create", body.data))
-            raise ApiException(status=409, reason="AlreadyExists")
+        def replace(self, url: str, body: Any, **kwargs: Any) -> None:
+            calls.append(("replace", url))
 
-        def replace_namespaced_config_map(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
-            calls.append(("replace", (namespace, name)))
-
-    monkeypatch.setattr("fibers.kube.load_client", lambda: object())
-    monkeypatch.setattr(client, "CoreV1Api", FakeCore)
-    report._core_api.cache_clear()  # the client is made once per process; make it again with the fakes
-
+    monkeypatch.setattr(report, "kube_api", FakeApi)
     assert report.write_result_config_map("shop", "cm", "orders-report", JobResult(3, 3, 1.23456))
     assert calls == [
         ("create", {"recordsOut": "3", "streamedBack": "3", "seconds": "1.235"}),
-        ("replace", ("shop", "cm")),
+        ("replace", "/api/v1/namespaces/shop/configmaps/cm"),
     ]
     calls.clear()
     report.write_result_config_map("shop", "cm", "orders-report", JobResult(3, None, 2.0))
     assert calls[0] == ("create", {"recordsOut": "3", "streamedBack": "", "seconds": "2.0"})
-    report._core_api.cache_clear()
 
 
 def test_sigterm_and_sigint_only_ask_the_streaming_loop_to_stop() -> None:

@@ -23,7 +23,6 @@ from datetime import datetime
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from fibers import conditions, memory, metrics
 from fibers.api import (
@@ -46,6 +45,7 @@ from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.spec import KIND, PLURAL, SpecError, parse
 from fibers.kube import Kube, SecretMissing, additions, describe
+from fibers.kubeapi import ApiError
 from fibers.redact import redact, truncate
 
 log = logging.getLogger("fibers.connect")
@@ -722,7 +722,7 @@ class ConnectSync:
             found = await self.kube.patch_object(
                 PLURAL, target.namespace, target.name, {"metadata": {"annotations": annotations}}
             )
-        except ApiException as exc:
+        except ApiError as exc:
             raise ClaimFailed(f"cannot annotate the resource: {describe(exc)}") from None
         if not found:
             raise LookupError("the resource was deleted")
@@ -748,7 +748,7 @@ class ConnectSync:
         ops = additions(target.meta, CONNECT_FINALIZER, claim)
         try:
             patched = await self.kube.patch_object(PLURAL, target.namespace, target.name, ops)
-        except ApiException as exc:
+        except ApiError as exc:
             raise ClaimFailed(f"cannot claim the connector name on the resource: {describe(exc)}") from None
         if not patched:
             raise LookupError("the resource was deleted")

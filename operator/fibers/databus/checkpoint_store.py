@@ -15,11 +15,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from fibers.conditions import format_time, utcnow
 from fibers.databus.checkpoint import SOURCES_HASH_KEY, Checkpoint, Checkpoints, sources_hash
+from fibers.kubeapi import Api, ApiError, path
 
 log = logging.getLogger("fibers.databus.checkpoint")
 STATS_ANNOTATION = "fibers.dev/stats-"
@@ -28,7 +26,7 @@ STATS_ANNOTATION = "fibers.dev/stats-"
 class CheckpointStore:
     def __init__(
         self,
-        core: client.CoreV1Api,
+        api: Api,
         namespace: str,
         name: str,
         sources: list[str],
@@ -37,7 +35,8 @@ class CheckpointStore:
         min_interval: float = 1.0,
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        self.core, self.namespace, self.name = core, namespace, name
+        self.api, self.namespace, self.name = api, namespace, name
+        self.url = path("v1", "configmaps", namespace, name)
         self.sources, self.instance, self.min_interval = sources, instance, min_interval
         self.labels = dict(labels or {})
         self.pending: dict[str, Checkpoint] = {}
@@ -47,13 +46,10 @@ class CheckpointStore:
 
     def load(self) -> Checkpoints:
         """Every stored checkpoint; raises CheckpointError on a malformed one (never resets it)."""
-        try:
-            cm = self.core.read_namespaced_config_map(self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return Checkpoints(self.sources)
-            raise
-        return Checkpoints.from_configmap_data(cm.data or {}, self.sources)
+        cm = self.api.get_or_none(self.url)
+        if cm is None:
+            return Checkpoints(self.sources)
+        return Checkpoints.from_configmap_data(cm.get("data") or {}, self.sources)
 
     def save(self, timelines: Mapping[str, Checkpoint], *, force: bool = False) -> bool:
         """Record these checkpoints; write now if forced or the throttle allows. True when written."""
@@ -70,26 +66,18 @@ class CheckpointStore:
         stats = {**self.stats_source(), "lastCheckpointTime": format_time(utcnow())}
         annotations = {f"{STATS_ANNOTATION}{self.instance}": json.dumps(stats, sort_keys=True)}
         for _ in range(10):
-            try:
-                cm = self.core.read_namespaced_config_map(self.name, self.namespace)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                cm = None
+            cm = self.api.get_or_none(self.url)
             try:
                 if cm is None:
-                    body = client.V1ConfigMap(
-                        metadata=client.V1ObjectMeta(name=self.name, labels=self.labels, annotations=annotations),
-                        data=updates,
-                    )
-                    self.core.create_namespaced_config_map(self.namespace, body)
+                    meta = {"name": self.name, "labels": self.labels, "annotations": annotations}
+                    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": updates}
+                    self.api.create(path("v1", "configmaps", self.namespace), body)
                 else:
-                    cm.data = {**(cm.data or {}), **updates}
-                    cm.metadata = cm.metadata or client.V1ObjectMeta()
-                    cm.metadata.annotations = {**(cm.metadata.annotations or {}), **annotations}
+                    cm["data"] = {**(cm.get("data") or {}), **updates}
+                    cm["metadata"]["annotations"] = {**(cm["metadata"].get("annotations") or {}), **annotations}
                     # resourceVersion from the read makes this a compare-and-swap: 409 if anyone wrote since.
-                    self.core.replace_namespaced_config_map(self.name, self.namespace, cm)
-            except ApiException as exc:
+                    self.api.replace(self.url, cm)
+            except ApiError as exc:
                 if exc.status == 409:
                     continue
                 raise

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from fibers.api import GROUP, VERSION
 from fibers.databus import deployments
 from fibers.databus.deployments import PLURAL
 from fibers.databus.reconciler import DatabusReconciler
+from fibers.kubeapi import path
 from fibers.outages import api_outage_is_temporary
 
 
@@ -42,13 +41,5 @@ async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Deployments go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
     if ((body["spec"].get("checkpoint") or {}).get("retention") or "Retain") != "Delete":
         return
-    core = _reconciler(memo).kube.core
-    try:
-        await asyncio.to_thread(
-            core.delete_namespaced_config_map,
-            deployments.checkpoint_config_map(dict(body)),
-            body["metadata"]["namespace"],
-        )
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    name = deployments.checkpoint_config_map(dict(body))
+    await _reconciler(memo).kube.delete(path("v1", "configmaps", body["metadata"]["namespace"], name))

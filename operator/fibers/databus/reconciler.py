@@ -13,9 +13,6 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from fibers import conditions, metrics, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
@@ -25,6 +22,7 @@ from fibers.databus.checkpoint_store import STATS_ANNOTATION
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.deployments import LABEL_CONSUMER, PLURAL
 from fibers.kube import Kube
+from fibers.kubeapi import path
 from fibers.redact import redact, truncate
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
@@ -48,7 +46,6 @@ class DatabusReconciler:
         self.kube = kube
         self.schema_registry = schema_registry  # the operator's default SchemaRegistry (spec.relay.avro)
         self.lineage = lineage  # {topic, bootstrapServers, namespace} of OpenLineage events, or None
-        self.apps = client.AppsV1Api(kube.api)
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
         self.image_pull_policy = image_pull_policy
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -62,11 +59,11 @@ class DatabusReconciler:
             with metrics.reconciling(deployments.KIND):
                 await self._reconcile(body)
 
-    async def _deployments(self, namespace: str, name: str) -> dict[str, Any]:
-        result = await asyncio.to_thread(
-            self.apps.list_namespaced_deployment, namespace, label_selector=f"{LABEL_CONSUMER}={name}"
+    async def _deployments(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+        found = await self.kube.items(
+            path("apps/v1", "deployments", namespace), labelSelector=f"{LABEL_CONSUMER}={name}"
         )
-        return {str(d.metadata.name): d for d in result.items if d.metadata}
+        return {str(d["metadata"]["name"]): d for d in found}
 
     async def _registry_url(self, spec: dict[str, Any]) -> str | None:
         """The schema registry of spec.relay.avro (None: JSON values); ValueError names what is missing."""
@@ -149,7 +146,7 @@ class DatabusReconciler:
                 await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)
             wanted = {m["metadata"]["name"] for m in manifests}
             for extra in set(existing) - wanted:
-                await asyncio.to_thread(self.apps.delete_namespaced_deployment, extra, namespace)
+                await self.kube.delete(path("apps/v1", "deployments", namespace, extra))
                 log.info("instance removed", extra={**ctx, "deployment": extra})
         if spec.get("restartNonce"):
             status["lastRestartNonce"] = spec["restartNonce"]
@@ -183,17 +180,24 @@ class DatabusReconciler:
         ref = object_ref(deployments.KIND, meta["namespace"], meta["name"], meta["uid"])
         self.kube.post_event_soon(ref, reason, message, warning=warning)
 
-    async def _apply(self, manifest: dict[str, Any], current: Any, ctx: dict[str, Any]) -> None:
+    async def _apply(self, manifest: dict[str, Any], current: dict[str, Any] | None, ctx: dict[str, Any]) -> None:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         if current is None:
-            await asyncio.to_thread(self.apps.create_namespaced_deployment, namespace, manifest)  # type: ignore[arg-type]
+            await self.kube.call("POST", path("apps/v1", "deployments", namespace), body=manifest)
             log.info("instance created", extra={**ctx, "deployment": name})
             return
-        template = current.spec.template.metadata.annotations or {}
+        spec = current.get("spec") or {}
+        template = (spec.get("template") or {}).get("metadata", {}).get("annotations") or {}
         wanted = manifest["spec"]["template"]["metadata"]["annotations"]
-        if template != wanted or current.spec.replicas != manifest["spec"]["replicas"]:
+        if template != wanted or spec.get("replicas") != manifest["spec"]["replicas"]:
             patch = {"spec": {"replicas": manifest["spec"]["replicas"], "template": manifest["spec"]["template"]}}
-            await asyncio.to_thread(self.apps.patch_namespaced_deployment, name, namespace, patch)
+            # A strategic merge patch, as kubectl's: the pod template's lists merge by name.
+            await self.kube.call(
+                "PATCH",
+                path("apps/v1", "deployments", namespace, name),
+                body=patch,
+                content_type="application/strategic-merge-patch+json",
+            )
             log.info("instance updated", extra={**ctx, "deployment": name, "replicas": manifest["spec"]["replicas"]})
 
     async def _seek(
@@ -202,25 +206,13 @@ class DatabusReconciler:
         """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
         namespace = body["metadata"]["namespace"]
         for name in existing:
-            await asyncio.to_thread(
-                self.apps.delete_namespaced_deployment, name, namespace, propagation_policy="Foreground"
-            )
+            await self.kube.delete(path("apps/v1", "deployments", namespace, name), propagation="Foreground")
+        selector = f"{LABEL_CONSUMER}={body['metadata']['name']}"
         for _ in range(120):
-            pods = await asyncio.to_thread(
-                self.kube.core.list_namespaced_pod,
-                namespace,
-                label_selector=f"{LABEL_CONSUMER}={body['metadata']['name']}",
-            )
-            if not pods.items:
+            if not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector):
                 break
             await asyncio.sleep(0.5)
-        try:
-            await asyncio.to_thread(
-                self.kube.core.delete_namespaced_config_map, deployments.checkpoint_config_map(body), namespace
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self.kube.delete(path("v1", "configmaps", namespace, deployments.checkpoint_config_map(body)))
         log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
 
     async def _observe(
@@ -243,23 +235,18 @@ class DatabusReconciler:
         elif status.get("sources"):
             new["sources"] = status["sources"]
 
-        try:
-            cm = await asyncio.to_thread(self.kube.core.read_namespaced_config_map, cm_name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            cm = None
+        cm = await self.kube.read(path("v1", "configmaps", namespace, cm_name))
         invalid = ""
         if cm is not None and new.get("sources"):  # sources not resolved yet: nothing to read them against
             try:
-                checkpoints = Checkpoints.from_configmap_data(cm.data or {}, list(new["sources"]))
+                checkpoints = Checkpoints.from_configmap_data(cm.get("data") or {}, list(new["sources"]))
             except CheckpointError as exc:
                 invalid = f"checkpoint ConfigMap {cm_name} cannot be used: {exc}"
             else:
-                _mirror_checkpoints(new, checkpoints, (cm.metadata.annotations or {}) if cm.metadata else {})
+                _mirror_checkpoints(new, checkpoints, cm["metadata"].get("annotations") or {})
 
         deps = await self._deployments(namespace, name)
-        new["readyInstances"] = sum(int(d.status.ready_replicas or 0) for d in deps.values() if d.status)
+        new["readyInstances"] = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in deps.values())
         failure = await self._pod_failure(namespace, name)
 
         conds, phase = _conditions(spec, new, problem, invalid, failure, waiting)
@@ -270,17 +257,15 @@ class DatabusReconciler:
 
     async def _pod_failure(self, namespace: str, name: str) -> str:
         """The last error an instance exited with, while it is not running again."""
-        pods = await asyncio.to_thread(
-            self.kube.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_CONSUMER}={name}"
-        )
-        for pod in pods.items:
-            for cs in (pod.status.container_statuses or []) if pod.status else []:
-                if cs.ready:
+        pods = await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
+        for pod in pods:
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("ready"):
                     continue
-                terminated = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
-                if terminated and terminated.exit_code:
+                terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+                if terminated and terminated.get("exitCode"):
                     # The consumer's termination message (or, with FallbackToLogsOnError, its log's tail).
-                    message = (terminated.message or "").strip() or f"exited with code {terminated.exit_code}"
+                    message = (terminated.get("message") or "").strip() or f"exited with code {terminated['exitCode']}"
                     return truncate(redact(message, ()), 1024)
         return ""
 

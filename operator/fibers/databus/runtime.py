@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
-from kubernetes import client
 from pymongo import MongoClient
 
 from fibers import lineage, termination
@@ -40,6 +39,7 @@ from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
 from fibers.databus.store import BootstrapStore
 from fibers.databus.tuning import BATCH_RECORDS, IDLE_WAIT_SECONDS, KAFKA_CONSUMER, QUIET_SECONDS
+from fibers.kubeapi import Api
 from fibers.redact import redact
 from fibers.wire import AvroDecoder, Registry
 
@@ -128,14 +128,14 @@ def _window_ends_backwards(
 
 
 class Runtime:
-    def __init__(self, config: ConsumerConfig, core: client.CoreV1Api, callback: Callback | None = None) -> None:
+    def __init__(self, config: ConsumerConfig, api: Api, callback: Callback | None = None) -> None:
         self.config = config
         self.callback = callback or sinks.build(config.sink, config.bootstrap_servers)
         self._parse: Parser = parse_json
         if config.registry_url:  # Avro values: each record's writer schema from the registry, fetched once per id
             self._parse = AvroDecoder(Registry(config.registry_url))
         self.store = CheckpointStore(
-            core,
+            api,
             config.namespace,
             config.checkpoint_config_map,
             config.topics,

@@ -13,16 +13,13 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from pyspark.errors import PySparkException
 
-from fibers import lineage
+from fibers import kubeapi, lineage
 from fibers.jobs.spec import FilesSink, FilesSource, JobSpec
 from fibers.redact import truncate
-
-if TYPE_CHECKING:
-    from kubernetes.client import CoreV1Api
 
 log = logging.getLogger("fibers.jobs.report")
 
@@ -49,18 +46,15 @@ def publish(spec: JobSpec, result: JobResult) -> None:
 
 
 @functools.cache
-def _core_api() -> CoreV1Api:
-    from kubernetes import client
-
-    from fibers.kube import load_client
-
-    return client.CoreV1Api(load_client())
+def kube_api() -> kubeapi.Api:
+    """The driver's API client (its service account), made once per process."""
+    return kubeapi.Api()
 
 
-def _prepare_core_api() -> None:
-    """Warm `_core_api` in the background; a failure here is reported when the result is written."""
+def prepare_kube_api() -> None:
+    """Make `kube_api` in the background (reading credentials); a failure is reported when the result is written."""
     with contextlib.suppress(Exception):
-        _core_api()
+        kube_api()
 
 
 def write_result_config_map(namespace: str, name: str, transform_name: str, result: JobResult) -> bool:
@@ -83,20 +77,16 @@ def write_error_config_map(namespace: str, name: str, transform_name: str, messa
 
 def _write_config_map(namespace: str, name: str, transform_name: str, data: dict[str, str]) -> bool:
     try:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        core = _core_api()
+        api = kube_api()
         labels = {"app.kubernetes.io/managed-by": "fibers", "fibers.dev/transform": transform_name}
-        body = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels), data=data
-        )
+        meta = {"name": name, "namespace": namespace, "labels": labels}
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
         try:
-            core.create_namespaced_config_map(namespace, body, _request_timeout=10)
-        except ApiException as exc:
+            api.create(kubeapi.path("v1", "configmaps", namespace), body, timeout=10)
+        except kubeapi.ApiError as exc:
             if exc.status != 409:
                 raise
-            core.replace_namespaced_config_map(name, namespace, body, _request_timeout=10)
+            api.replace(kubeapi.path("v1", "configmaps", namespace, name), body, timeout=10)
     except Exception as exc:
         log.warning(
             "could not write the result ConfigMap",

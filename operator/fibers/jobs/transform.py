@@ -38,10 +38,10 @@ from fibers.jobs.inputs import build_views, input_statistics
 from fibers.jobs.outputs import RowCounter, start_query, stop_query, write_outputs
 from fibers.jobs.report import (
     JobResult,
-    _prepare_core_api,
     error_message,
     ingestion,
     lineage_datasets,
+    prepare_kube_api,
     publish,
     write_error_config_map,
 )
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return _invalid_spec(args.spec, exc)
     log.info("transform starting", extra={"transform": spec.name, "run": spec.run, "mode": spec.mode})
     if spec.result_config_map:  # setting up the Kubernetes client takes ~0.6 s: do it while Spark starts
-        threading.Thread(target=_prepare_core_api, daemon=True).start()
+        threading.Thread(target=prepare_kube_api, daemon=True).start()
     # Python workers (foreachPartition, UDFs) must run this interpreter, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     emitter = lineage.Emitter(spec.lineage) if spec.lineage else None

@@ -14,8 +14,6 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from fibers import metrics, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
 from fibers.conditions import format_time, utcnow
@@ -45,7 +43,7 @@ class TransformReconciler:
     def __init__(self, kube: Kube, defaults: Defaults) -> None:
         self.kube = kube
         self.defaults = defaults
-        self.apps = SparkApplications(kube.api)
+        self.apps = SparkApplications(kube)
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def _upstream(self, namespace: str, view: TransformView) -> tuple[list[Upstream], str]:
@@ -118,7 +116,7 @@ class TransformReconciler:
 
         for name in plan.delete:
             await self.apps.delete(namespace, name)
-            await self._delete_result(namespace, name)
+            await self.apps.delete_result(namespace, name)
             log.info("run deleted", extra={**ctx, "run": name})
         if plan.suspend_current:
             current["applicationState"] = runs.SUSPENDED
@@ -210,13 +208,6 @@ class TransformReconciler:
                 self._event(
                     view, str(ready.get("reason")), str(ready.get("message", "")), warning=new_phase == "Failed"
                 )
-
-    async def _delete_result(self, namespace: str, run: str) -> None:
-        try:
-            await asyncio.to_thread(self.kube.core.delete_namespaced_config_map, f"{run}-result", namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
     def _event(self, view: TransformView, reason: str, message: str, *, warning: bool = False) -> None:
         meta = view.body["metadata"]

@@ -6,20 +6,19 @@ and starts its executors. Fibers never runs spark-submit itself.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-from typing import Any, cast
-
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from typing import Any
 
 from fibers import termination
 from fibers.api import API_VERSION
+from fibers.kube import Kube
+from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
 from fibers.transform.spec import KIND, Defaults, secret_envs
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
+API = f"{GROUP}/{VERSION}"
 LABEL_TRANSFORM = "fibers.dev/transform"
 LABEL_TRIGGER = "fibers.dev/trigger"
 JOB_ENTRY = "local:///opt/fibers/transform_job.py"  # the job image's shim for `python -m fibers.jobs.transform`
@@ -209,60 +208,35 @@ def build(
 
 
 class SparkApplications:
-    """Namespaced CRUD on SparkApplications, run in worker threads."""
+    """Namespaced CRUD on SparkApplications, and what their runs leave behind (result ConfigMap, driver pod)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
 
     async def list_for(self, namespace: str, transform: str) -> list[dict[str, Any]]:
-        result = await asyncio.to_thread(
-            self.custom.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            label_selector=f"{LABEL_TRANSFORM}={transform}",
-        )
-        items: list[dict[str, Any]] = cast(dict[str, Any], result)["items"]
+        items = await self.kube.items(path(API, PLURAL, namespace), labelSelector=f"{LABEL_TRANSFORM}={transform}")
         return sorted(items, key=lambda a: a["metadata"]["creationTimestamp"])
 
     async def create(self, app: dict[str, Any]) -> bool:
         """Create it; False when it already exists (a retried submission is not a second one)."""
         try:
-            await asyncio.to_thread(
-                self.custom.create_namespaced_custom_object, GROUP, VERSION, app["metadata"]["namespace"], PLURAL, app
-            )
-        except ApiException as exc:
+            await self.kube.call("POST", path(API, PLURAL, app["metadata"]["namespace"]), body=app)
+        except ApiError as exc:
             if exc.status == 409:
                 return False
             raise
         return True
 
     async def delete(self, namespace: str, name: str) -> None:
-        try:
-            await asyncio.to_thread(
-                self.custom.delete_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                propagation_policy="Background",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self.kube.delete(path(API, PLURAL, namespace, name), propagation="Background")
 
     async def result(self, namespace: str, run: str) -> dict[str, str]:
         """What the job reported in its result ConfigMap, if it wrote one."""
-        try:
-            cm = await asyncio.to_thread(self.core.read_namespaced_config_map, f"{run}-result", namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return dict(cm.data or {})
+        cm = await self.kube.read(path("v1", "configmaps", namespace, f"{run}-result"))
+        return dict((cm or {}).get("data") or {})
+
+    async def delete_result(self, namespace: str, run: str) -> None:
+        await self.kube.delete(path("v1", "configmaps", namespace, f"{run}-result"))
 
     async def driver_message(self, app: dict[str, Any]) -> str:
         """The driver container's termination message: the job's error line, or its log's tail
@@ -271,14 +245,9 @@ class SparkApplications:
         pod_name = ((app.get("status") or {}).get("driverInfo") or {}).get("podName")
         if not pod_name:
             return ""
-        try:
-            pod = await asyncio.to_thread(self.core.read_namespaced_pod, pod_name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return ""
-            raise
-        for cs in (pod.status.container_statuses or []) if pod.status else []:
-            terminated = cs.state.terminated if cs.state else None
-            if cs.name == DRIVER_CONTAINER and terminated and terminated.exit_code and terminated.message:
-                return truncate(redact(str(terminated.message).strip(), ()), 2048)
+        pod = await self.kube.read(path("v1", "pods", namespace, pod_name))
+        for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+            terminated = (cs.get("state") or {}).get("terminated") or {}
+            if cs.get("name") == DRIVER_CONTAINER and terminated.get("exitCode") and terminated.get("message"):
+                return truncate(redact(str(terminated["message"]).strip(), ()), 2048)
         return ""

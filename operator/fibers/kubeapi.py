@@ -1,0 +1,250 @@
+"""The Kubernetes API as Fibers calls it: a few REST calls with JSON bodies, on httpx.
+
+Why not the official `kubernetes` package: importing it loads about 800 generated model classes,
+about 17 MiB in every process that imports it (the operator, each consumer pod, each Spark driver),
+for the dozen endpoints Fibers calls outside kopf (which has its own client). Objects are plain
+dicts, as kopf hands them to handlers, so one shape serves both.
+
+The client is synchronous and thread-safe; async code calls it in worker threads. Credentials come
+from the pod's service account, else from the kubeconfig (`KUBECONFIG`, else `~/.kube/config`):
+client certificates, a bearer token or token file, or an exec plugin (cloud logins).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import yaml
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_REREAD_SECONDS = 60.0  # projected service-account tokens rotate; the file is read again this often
+REQUEST_TIMEOUT = 60.0  # seconds; a call not answered by then is Unreachable (the API server is stuck)
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class ApiError(Exception):
+    """The API server answered with an error status (404 not found, 409 conflict, …)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status, self.reason, self.body = status, reason, body
+        super().__init__(f"{status} {reason}: {self.message}")
+
+    @property
+    def message(self) -> str:
+        """The API server's own message, else its reason."""
+        try:
+            return str(json.loads(self.body or "{}").get("message") or self.reason)
+        except ValueError:
+            return self.reason
+
+
+class Unreachable(Exception):
+    """No answer at all: connection refused or reset, TLS failure, timeout."""
+
+
+@dataclass(frozen=True)
+class Config:
+    server: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    token: str | None = None
+    token_file: str | None = None
+    exec_command: tuple[str, ...] = ()  # a kubeconfig exec plugin, run for a token
+    exec_env: tuple[tuple[str, str], ...] = ()
+    insecure: bool = False
+    namespace: str = "default"  # the context's namespace (the pod's own, in a cluster)
+
+
+def load() -> Config:
+    """The pod's service account when running in a cluster, else the kubeconfig."""
+    return in_cluster() or from_kubeconfig()
+
+
+def in_cluster() -> Config | None:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port or not (SERVICE_ACCOUNT / "token").exists():
+        return None
+    namespace_file = SERVICE_ACCOUNT / "namespace"
+    return Config(
+        server=f"https://{'[' + host + ']' if ':' in host else host}:{port}",
+        ca_file=str(SERVICE_ACCOUNT / "ca.crt"),
+        token_file=str(SERVICE_ACCOUNT / "token"),
+        namespace=namespace_file.read_text().strip() if namespace_file.exists() else "default",
+    )
+
+
+def from_kubeconfig(path: str | None = None, context: str | None = None) -> Config:
+    """The current (or named) context of a kubeconfig; `*-data` fields are written to private files."""
+    path = path or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or str(Path.home() / ".kube/config")
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    name = context or doc.get("current-context")
+
+    def entry(section: str, key: str) -> dict[str, Any]:
+        for item in doc.get(section) or []:
+            if item.get("name") == key:
+                return dict(item.get(section[:-1]) or {})
+        raise ValueError(f"kubeconfig {path}: no {section[:-1]} named {key!r}")
+
+    ctx = entry("contexts", str(name))
+    cluster, user = entry("clusters", ctx["cluster"]), entry("users", ctx.get("user", ""))
+    base = Path(path).parent
+
+    def file(data_key: str, file_key: str, source: dict[str, Any]) -> str | None:
+        if source.get(data_key):
+            return _private_file(base64.b64decode(source[data_key]))
+        if source.get(file_key):
+            return str(base / os.path.expanduser(source[file_key]))
+        return None
+
+    exec_spec = user.get("exec") or {}
+    return Config(
+        server=str(cluster["server"]).rstrip("/"),
+        ca_file=file("certificate-authority-data", "certificate-authority", cluster),
+        cert_file=file("client-certificate-data", "client-certificate", user),
+        key_file=file("client-key-data", "client-key", user),
+        token=user.get("token"),
+        token_file=user.get("tokenFile"),
+        exec_command=tuple([exec_spec["command"], *(exec_spec.get("args") or [])]) if exec_spec else (),
+        exec_env=tuple((e["name"], e["value"]) for e in exec_spec.get("env") or []),
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        namespace=str(ctx.get("namespace") or "default"),
+    )
+
+
+_private_dir: str | None = None
+
+
+def _private_file(content: bytes) -> str:
+    """A file only this user can read (ssl loads certificates and keys from files)."""
+    global _private_dir
+    if _private_dir is None:
+        _private_dir = tempfile.mkdtemp(prefix="fibers-kube-")
+    fd, name = tempfile.mkstemp(dir=_private_dir)
+    with os.fdopen(fd, "wb") as out:
+        out.write(content)
+    return name
+
+
+def path(api: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+    """A resource's URL path. `api` is "v1" (the core group) or "group/version", e.g. "apps/v1"."""
+    parts = ["/api/v1" if api == "v1" else f"/apis/{api}"]
+    if namespace:
+        parts.append(f"namespaces/{quote(namespace, safe='')}")
+    parts.append(plural)
+    if name:
+        parts.append(quote(name, safe=""))
+    if sub:
+        parts.append(sub)
+    return "/".join(parts)
+
+
+class Api:
+    """Calls to one API server; JSON in, dicts out; errors as ApiError or Unreachable."""
+
+    def __init__(self, config: Config | None = None, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.config = config or load()
+        if self.config.insecure:
+            verify: ssl.SSLContext | bool = False
+        else:
+            verify = ssl.create_default_context(cafile=self.config.ca_file)
+            if self.config.cert_file:
+                verify.load_cert_chain(self.config.cert_file, self.config.key_file)
+        self._http = httpx.Client(
+            base_url=self.config.server,
+            verify=verify,
+            timeout=timeout,
+            headers={"Accept": "application/json", "User-Agent": "fibers"},
+        )
+        self._token, self._token_read = self.config.token, 0.0
+        self._lock = threading.Lock()
+
+    def _bearer(self) -> str | None:
+        with self._lock:
+            stale = time.monotonic() - self._token_read > TOKEN_REREAD_SECONDS
+            if self.config.token_file and stale:
+                self._token = Path(self.config.token_file).read_text().strip()
+                self._token_read = time.monotonic()
+            elif self.config.exec_command and stale:
+                env = {**os.environ, **dict(self.config.exec_env)}
+                out = subprocess.run(self.config.exec_command, capture_output=True, text=True, env=env, check=True)
+                self._token = str(json.loads(out.stdout)["status"]["token"])
+                self._token_read = time.monotonic()
+            return self._token
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        if token := self._bearer():
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            response = self._http.request(
+                method,
+                url,
+                params=params,
+                content=json.dumps(body) if body is not None else None,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.reason_phrase, response.text)
+        return dict(response.json()) if response.content else {}
+
+    def get(self, url: str, **params: Any) -> dict[str, Any]:
+        return self.request("GET", url, params=params or None)
+
+    def get_or_none(self, url: str) -> dict[str, Any] | None:
+        try:
+            return self.get(url)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def items(self, url: str, **params: Any) -> list[dict[str, Any]]:
+        """A list's items (`labelSelector=…` and other query parameters as keywords)."""
+        return list(self.get(url, **params).get("items") or [])
+
+    def create(self, url: str, body: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        return self.request("POST", url, body=body, timeout=timeout)
+
+    def replace(self, url: str, body: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        return self.request("PUT", url, body=body, timeout=timeout)
+
+    def patch(self, url: str, patch: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
+        """A dict is a merge patch, a list a JSON patch."""
+        return self.request(
+            "PATCH", url, body=patch, content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH
+        )
+
+    def delete(self, url: str, *, propagation: str | None = None, missing_ok: bool = True) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation} if propagation else None
+        try:
+            self.request("DELETE", url, body=body)
+        except ApiError as exc:
+            if not (missing_ok and exc.status == 404):
+                raise
