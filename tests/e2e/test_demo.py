@@ -18,6 +18,7 @@ from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.demo
 
@@ -102,6 +103,41 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
         "DatabusConsumer/orders-view",
     }
     assert chain.stdout.splitlines()[-1] == "every step is Ready"
+
+    # Break the first link (a database that does not exist): the chain names it, and marks what reads from it.
+    def pipeline_now() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fibers", "pipeline", "shop-orders", "-n", "shop"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
+        )
+
+    def patch_dbname(name: str) -> None:
+        body = {"spec": {"config": {"database.dbname": name}}}
+        custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", "connects", "orders-cdc", body)
+
+    patch_dbname("no_such_database")
+    broken = wait_for(
+        lambda: (
+            (r := pipeline_now()).returncode == 1
+            and sum(line.startswith("!") for line in r.stdout.splitlines()) == 3
+            and r
+        ),
+        timeout=120,
+        what="the broken link and its three readers marked",
+    )
+    assert broken.stdout.splitlines()[-1].startswith("first broken link: Connect/orders-cdc: ")
+    marked = {line.split()[1] for line in broken.stdout.splitlines() if line[:1] in "✗!"}
+    assert marked == {
+        "Connect/orders-cdc",
+        "Transform/orders-by-item",
+        "DatabusConsumer/orders-store",
+        "DatabusConsumer/orders-view",
+    }
+    patch_dbname("postgres")
+    wait_for(lambda: pipeline_now().returncode == 0, timeout=120, what="the pipeline Ready again")
     consumers = custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", "databusconsumers")["items"]
     view = next(c for c in consumers if c["metadata"]["name"] == "orders-view")
     assert view["status"]["sources"] == ["shop.public.orders"]  # its sourceRef, without Debezium's shop.transaction
