@@ -14,7 +14,7 @@ from typing import Any
 from fibers.api import API_VERSION, CONNECT_PLURAL, DATABUS_PLURAL, LABEL_PIPELINE, TRANSFORM_PLURAL
 from fibers.conditions import find
 from fibers.kubeapi import Api, path
-from fibers.upstream import REF_FIELDS, UPSTREAM_READY
+from fibers.upstream import UPSTREAM_READY, Ref, Upstream, refs_in
 
 KINDS = {"Connect": CONNECT_PLURAL, "Transform": TRANSFORM_PLURAL, "DatabusConsumer": DATABUS_PLURAL}
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
@@ -39,24 +39,18 @@ class Step:
         return find(self.status.get("conditions"), "Ready") or {}
 
     def writes(self) -> set[str]:
-        """Topics this step writes."""
-        if self.kind == "Connect":
-            return {str(t) for t in self.status.get("topics") or []}
-        if self.kind == "Transform":
-            topic = ((self.body.get("spec") or {}).get("output") or {}).get("kafka", {}).get("topic")
-            return {str(topic)} if topic else set()
-        return {str(self.body["spec"]["sink"]["topic"])} if self.body["spec"]["sink"].get("topic") else set()
+        """Topics this step writes (what a reference to it resolves to; a consumer's Kafka sink)."""
+        if self.kind == "DatabusConsumer":
+            sink = self.body["spec"]["sink"]
+            return {str(sink["topic"])} if sink.get("topic") else set()
+        return set(Upstream(Ref(self.kind, self.body["metadata"]["name"], "", 0), self.body).topics())
 
     def names(self) -> tuple[set[str], set[str]]:
         """(resources it references as Kind/name, raw topics it reads)."""
         spec = self.body.get("spec") or {}
-        refs, topics = set(), set()
-        items = spec.get("inputs") if self.kind == "Transform" else spec.get("sourceRefs")
-        for item in items or []:
-            for key, kind in REF_FIELDS.items():
-                if (item.get(key) or {}).get("name"):
-                    refs.add(f"{kind}/{item[key]['name']}")
-            topics |= set((item.get("kafka") or {}).get("topics") or [])
+        items = (spec.get("inputs") if self.kind == "Transform" else spec.get("sourceRefs")) or []
+        refs = {f"{ref.kind}/{ref.name}" for ref in refs_in(items, "")}
+        topics = {t for item in items for t in (item.get("kafka") or {}).get("topics") or []}
         if self.kind == "DatabusConsumer":
             topics |= set(spec.get("sources") or [])
         return refs, topics

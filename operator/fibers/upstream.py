@@ -32,6 +32,18 @@ _HEARTBEAT_PREFIX = "__debezium-heartbeat"
 Getter = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]  # (plural, namespace, name) → body
 
 
+def read_once(get: Getter) -> Getter:
+    """`get`, remembering what it read: one reconcile reads each referenced resource once."""
+    seen: dict[tuple[str, str, str], dict[str, Any] | None] = {}
+
+    async def cached(plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if (plural, namespace, name) not in seen:
+            seen[(plural, namespace, name)] = await get(plural, namespace, name)
+        return seen[(plural, namespace, name)]
+
+    return cached
+
+
 @dataclass(frozen=True)
 class Ref:
     """One reference in a spec: the kind and name it points at, and the field that names it."""
@@ -101,12 +113,8 @@ def refs_in(items: list[dict[str, Any]], where: str) -> list[Ref]:
 
 async def resolve(get: Getter, namespace: str, refs: list[Ref]) -> list[Upstream]:
     """Read each referenced resource once (a name referenced twice is read once)."""
-    bodies: dict[tuple[str, str], dict[str, Any] | None] = {}
-    for ref in refs:
-        key = (ref.kind, ref.name)
-        if key not in bodies:
-            bodies[key] = await get(PLURALS[ref.kind], namespace, ref.name)
-    return [Upstream(ref, bodies[(ref.kind, ref.name)]) for ref in refs]
+    get = read_once(get)
+    return [Upstream(ref, await get(PLURALS[ref.kind], namespace, ref.name)) for ref in refs]
 
 
 def condition(upstreams: list[Upstream], namespace: str) -> Condition:

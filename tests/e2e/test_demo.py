@@ -86,13 +86,16 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     assert "pipeline shop/shop-orders: 6 steps" in result.stdout  # … after the chain, as `fibers pipeline` prints it
 
     # `fibers pipeline` prints the chain upstream first, every step Ready.
-    chain = subprocess.run(
-        [sys.executable, "-m", "fibers", "pipeline", "shop-orders", "-n", "shop"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
-    )
+    def pipeline_now() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fibers", "pipeline", "shop-orders", "-n", "shop"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
+        )
+
+    chain = pipeline_now()
     assert chain.returncode == 0, chain.stdout + chain.stderr
     steps = [line.split()[1] for line in chain.stdout.splitlines()[2:-1]]
     assert steps[:2] == ["Connect/orders-avro", "Connect/orders-cdc"]
@@ -105,15 +108,6 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     assert chain.stdout.splitlines()[-1] == "every step is Ready"
 
     # Break the first link (a database that does not exist): the chain names it, and marks what reads from it.
-    def pipeline_now() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "fibers", "pipeline", "shop-orders", "-n", "shop"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "KUBECONFIG": stack_info.kubeconfig},
-        )
-
     def patch_dbname(name: str) -> None:
         body = {"spec": {"config": {"database.dbname": name}}}
         custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", "connects", "orders-cdc", body)

@@ -444,7 +444,6 @@ def test_a_failed_run_writes_sparks_error_to_the_result_config_map(
 ) -> None:
     """The Spark Operator only sees the exit code; the operator reads Spark's words from this ConfigMap."""
     written = error_writes(monkeypatch)
-    monkeypatch.setattr(job, "prepare_kube_api", lambda: None)
     write_json_lines(tmp_path / "in", ORDERS)
     spec = spec_dict(tmp_path, sql="SELECT * FROM missing_table", resultConfigMap="orders-report-1a2b3c4d-result")
     code, _, err = run_main(spec, capsys)

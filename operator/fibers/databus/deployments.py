@@ -91,7 +91,7 @@ def consumed_topics(
     topics = list(spec.get("sources") or [])
     waiting = ""
     for upstream in upstreams:
-        found = upstream.change_topics() if upstream.ref.kind == "Connect" else upstream.topics()
+        found = upstream.change_topics()
         if not found:
             what = "has reported no topics yet" if upstream.ref.kind == "Connect" else "has no Kafka output"
             waiting = waiting or upstream.trouble(namespace) or f"{upstream.ref.label} ({upstream.ref.field}) {what}"

@@ -101,6 +101,7 @@ class DatabusReconciler:
             self._post(body, *event)
         pinned = status.get("sources") if upstreams and status.get("timelines") else None
         topics, waiting, moved = deployments.consumed_topics(spec, upstreams, pinned, namespace)
+        producers = deployments.producers(upstreams, namespace)
         if moved and (namespace, name, moved) not in self._told:
             self._told.add((namespace, name, moved))
             self._post(
@@ -122,7 +123,7 @@ class DatabusReconciler:
                     body,
                     instance=instance,
                     topics=topics,
-                    producers=deployments.producers(upstreams, namespace),
+                    producers=producers,
                     kafka_bootstrap=self.kafka_bootstrap,
                     start_position=start,
                     registry_url=registry_url,

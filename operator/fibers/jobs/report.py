@@ -8,7 +8,6 @@ stdout line. With lineage on, the run names the datasets it read and wrote, with
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -49,12 +48,6 @@ def publish(spec: JobSpec, result: JobResult) -> None:
 def kube_api() -> kubeapi.Api:
     """The driver's API client (its service account), made once per process."""
     return kubeapi.Api()
-
-
-def prepare_kube_api() -> None:
-    """Make `kube_api` in the background (reading credentials); a failure is reported when the result is written."""
-    with contextlib.suppress(Exception):
-        kube_api()
 
 
 def write_result_config_map(namespace: str, name: str, transform_name: str, result: JobResult) -> bool:

@@ -41,7 +41,6 @@ from fibers.jobs.report import (
     error_message,
     ingestion,
     lineage_datasets,
-    prepare_kube_api,
     publish,
     write_error_config_map,
 )
@@ -196,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         return _invalid_spec(args.spec, exc)
     log.info("transform starting", extra={"transform": spec.name, "run": spec.run, "mode": spec.mode})
-    if spec.result_config_map:  # setting up the Kubernetes client takes ~0.6 s: do it while Spark starts
-        threading.Thread(target=prepare_kube_api, daemon=True).start()
     # Python workers (foreachPartition, UDFs) must run this interpreter, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     emitter = lineage.Emitter(spec.lineage) if spec.lineage else None

@@ -49,8 +49,9 @@ class TransformReconciler:
     async def _upstream(self, namespace: str, view: TransformView) -> tuple[list[Upstream], str]:
         """What the inputs reference (connectRef, transformRef), read now; and a transformRef cycle, if any."""
         refs = upstream.refs_in(view.spec.get("inputs") or [], "spec.inputs")
-        cycle = await upstream.find_cycle(self.kube.get_object, namespace, view.name, refs) if refs else ""
-        return await upstream.resolve(self.kube.get_object, namespace, refs), cycle
+        get = upstream.read_once(self.kube.get_object)  # the cycle walk and the resolution share their reads
+        cycle = await upstream.find_cycle(get, namespace, view.name, refs) if refs else ""
+        return await upstream.resolve(get, namespace, refs), cycle
 
     async def _avro(
         self, namespace: str, spec: dict[str, Any], ref_topics: dict[str, list[str]]
