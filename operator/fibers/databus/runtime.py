@@ -16,7 +16,6 @@ pause, until the retries run out.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import signal
@@ -36,9 +35,17 @@ from fibers.databus.callbacks import Callback, Result, Singles, WindowFailed, wi
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
+from fibers.databus.driver import CallbackDriver, CallbackTimeout
 from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
 from fibers.databus.store import BootstrapStore
-from fibers.databus.tuning import BATCH_RECORDS, IDLE_WAIT_SECONDS, KAFKA_CONSUMER, QUIET_SECONDS
+from fibers.databus.tuning import (
+    BATCH_RECORDS,
+    BOOTSTRAP_PAGE_ROWS,
+    IDLE_WAIT_SECONDS,
+    KAFKA_CONSUMER,
+    MAX_RETRY_PAUSE_SECONDS,
+    QUIET_SECONDS,
+)
 from fibers.kubeapi import Api
 from fibers.redact import redact
 from fibers.wire import AvroDecoder, Registry
@@ -158,7 +165,7 @@ class Runtime:
         self.checkpoints: dict[str, Checkpoint] = {}
         self.events_processed = 0
         self.stopping = False
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")
+        self.driver = CallbackDriver(config.callback_timeout)  # relay windows and bootstrap pages alike
         self._dispatch_window = window_dispatcher(self.callback)
         self._timelines = 1  # how many timelines this instance consumes; set when they are assigned
 
@@ -323,11 +330,11 @@ class Runtime:
         log.info("bootstrap starting", extra={"topic": topic, "reason": reason})
         try:
             cp = self._bootstrap_checkpoint(topic, keys, store, partitions)
-            self._call(self.callback.on_start_bootstrap)
+            self.driver.run(self._call, self.callback.on_start_bootstrap)
             if cp.consumption_mode is ConsumptionMode.BOOTSTRAP_SNAPSHOT:
                 cp = self._snapshot(topic, partitions, keys, store, cp)
             cp = self._catchup(topic, partitions, keys, store, cp)
-            self._call(self.callback.on_stop_bootstrap)
+            self.driver.run(self._call, self.callback.on_stop_bootstrap)
         finally:
             mongo.close()
 
@@ -350,21 +357,54 @@ class Runtime:
         self._save(keys, force=True)
         return cp
 
-    def _deliver(self, events: list[ChangeEvent], scn: int) -> None:
+    def _deliver(self, events: list[ChangeEvent], scn: int, checkpoint: Checkpoint) -> None:
+        """One bootstrap page (snapshot rows or logged changes) through the callback driver, as relay windows go.
+
+        On ERROR, an exception or a timeout the callbacks hear `on_bootstrap_error`, then
+        `on_bootstrap_rollback` with the SCN of the last bootstrap checkpoint (`checkpoint`, persisted
+        after the page before), and the page is delivered again from that checkpoint after a growing
+        pause — never from the start of the snapshot. Past the retries the consumer stops, naming the
+        source, the phase, the SCN and the error (the termination message the resource shows).
+        """
+        tries = 0
+        while True:
+            try:
+                self.driver.run(self._bootstrap_page, events, scn)
+            except Exception as exc:  # any failure of a page rolls it back, as for relay windows
+                tries += 1
+                first = events[0]
+                where = {"topic": first.topic, "phase": first.window, "scn": scn, "attempt": tries}
+                log.warning("bootstrap page failed; rolling back", extra=where | {"error": str(exc)})
+                self.callback.on_bootstrap_error(exc)
+                self.callback.on_bootstrap_rollback(checkpoint.window_scn)
+                if tries > self.config.retries:
+                    raise ConsumerStopped(
+                        f"bootstrap {first.window} of {first.topic} failed at SCN {scn} {tries} times: {exc}"
+                    ) from exc
+                self._pause(tries)
+                continue
+            self.events_processed += len(events)
+            return
+
+    def _bootstrap_page(self, events: list[ChangeEvent], scn: int) -> None:
+        """In the callback thread: a page in the Databus bootstrap call order, then buffered sinks write it."""
         self._call(self.callback.on_start_bootstrap_sequence, scn)
         for event in events:
             self._call(self.callback.on_bootstrap_event, event)
+            if self.driver.abandoned():  # timed out: the replay delivers this page
+                raise CallbackTimeout("abandoned after the timeout")
         self._call(self.callback.on_end_bootstrap_sequence, scn)
         self._end_batch()
         self._call(self.callback.on_bootstrap_checkpoint, scn)
-        self.events_processed += len(events)
 
     def _snapshot(
         self, topic: str, partitions: list[int], keys: list[str], store: BootstrapStore, cp: Checkpoint
     ) -> Checkpoint:
         last = cp.get(SNAPSHOT_LAST_KEY)
         delivered = max(cp.snapshot_offset, 0)
-        for rows in store.snapshot_pages(topic, partitions, last if isinstance(last, str) else None, 500):
+        for rows in store.snapshot_pages(
+            topic, partitions, last if isinstance(last, str) else None, BOOTSTRAP_PAGE_ROWS
+        ):
             events = [
                 ChangeEvent(
                     topic=topic,
@@ -378,7 +418,7 @@ class Runtime:
                 )
                 for r in rows
             ]
-            self._deliver(events, max(e.scn for e in events))
+            self._deliver(events, max(e.scn for e in events), cp)
             delivered += len(rows)
             last = str(rows[-1]["_id"])
             cp = cp.snapshot_progress(delivered).with_values({SNAPSHOT_LAST_KEY: last})
@@ -406,7 +446,7 @@ class Runtime:
             cp.bootstrap_start_scn,
             cp.bootstrap_target_scn,
             after if isinstance(after, str) else None,
-            500,
+            BOOTSTRAP_PAGE_ROWS,
         ):
             events = [
                 ChangeEvent(
@@ -422,7 +462,7 @@ class Runtime:
                 for r in rows
             ]
             scn = max(e.scn for e in events)
-            self._deliver(events, scn)
+            self._deliver(events, scn, cp)
             rows_done += len(rows)
             after = str(rows[-1]["_id"])
             cp = cp.catchup_progress(max(scn, cp.window_scn), events[-1].offset).with_values({CATCHUP_LAST_ID: after})
@@ -530,12 +570,9 @@ class Runtime:
         fails, the timelines with windows not yet dispatched are sought back to their checkpoints
         and read again: that is the rollback. Returns those timelines.
         """
-        future = self._pool.submit(self._run_windows, windows)
         try:
-            outcome = future.result(timeout=self.config.callback_timeout)
-        except concurrent.futures.TimeoutError:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="callback")  # the old one hangs
-            error = TimeoutError(f"callbacks took over {self.config.callback_timeout}s")
+            outcome = self.driver.run(self._run_windows, windows)
+        except CallbackTimeout as error:
             outcome = BatchOutcome(pending=windows, error=error)
         self.events_processed += sum(map(len, outcome.applied))
         if attempts:
@@ -571,6 +608,8 @@ class Runtime:
             except Exception as exc:  # any failure of a window rolls it back
                 error = exc
                 break
+            if self.driver.abandoned():  # timed out: the rollback replays these windows; write nothing
+                return BatchOutcome(pending=windows, error=CallbackTimeout("abandoned after the timeout"))
         if results:
             try:
                 self._end_batch()  # buffered sinks write the successful windows now
@@ -600,7 +639,11 @@ class Runtime:
         self.callback.on_rollback(cp.window_scn if cp else -1)
         if tries > self.config.retries:
             raise ConsumerStopped(f"window at SCN {window[-1].scn} of {key} failed {tries} times: {exc}")
-        time.sleep(min(self.config.retry_backoff * 2 ** (tries - 1), 60))
+        self._pause(tries)
+
+    def _pause(self, tries: int) -> None:
+        """The pause before a replay: the callback policy's backoff, doubled per attempt, bounded."""
+        time.sleep(min(self.config.retry_backoff * 2 ** (tries - 1), MAX_RETRY_PAUSE_SECONDS))
 
     def _shutdown(self) -> None:
         try:
@@ -612,4 +655,4 @@ class Runtime:
             self.callback.close()
         finally:
             self.consumer.close()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.driver.close()

@@ -31,6 +31,15 @@ QUIET_SECONDS: Final = 0.05
 # (flushing a throttled checkpoint, noticing a stop request).
 IDLE_WAIT_SECONDS: Final = 0.2
 
+# Rows per bootstrap page (snapshot rows or logged changes): one hand-off to the callbacks, one
+# checkpoint and, after a failure, the unit that is delivered again. Small enough that a replay
+# repeats little; large enough that the store's cursor and the checkpoint writes stay a small cost.
+BOOTSTRAP_PAGE_ROWS: Final = 500
+
+# The longest pause between two attempts at a failed window or bootstrap page (the policy's
+# backoff doubles per attempt up to this).
+MAX_RETRY_PAUSE_SECONDS: Final = 60.0
+
 # Python's cyclic garbage collector looks at its young objects every 700 allocations by default. The
 # relay loop keeps a batch of events (each with its row dicts) alive until the callbacks have run, so
 # nearly every look found only live objects and moved them on to the older generations, where the
