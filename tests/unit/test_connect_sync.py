@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
+
+import pytest
 
 from fibers.api import ANNOTATION_CONNECT_CLUSTER, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.connect.clusters import ClusterSpec
 from fibers.connect.registry import ClusterSettings, ConnectClusters, Known
-from fibers.connect.rest import ConnectorView
+from fibers.connect.rest import ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.sync import ConnectSync, SyncSettings
 
 CLUSTER = "local"  # a ConnectCluster
@@ -57,14 +60,20 @@ class LaggingConnect:
     def __init__(self) -> None:
         self.creates: list[str] = []
         self.deletes: list[str] = []
+        self.validations = 0
+        self.refuse: dict[str, list[str]] = {}  # config key -> Connect's errors for it (an invalid config)
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
         return {}
 
     async def validate(self, connector_class: str, config: dict[str, str]) -> dict[str, Any]:
-        return {"error_count": 0, "configs": []}
+        self.validations += 1
+        errors = [{"value": {"name": key, "errors": messages}} for key, messages in self.refuse.items()]
+        return {"error_count": len(errors), "configs": errors}
 
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:
+        if self.refuse:  # as Kafka Connect does: an invalid config is refused, nothing is created
+            raise ConnectError(400, "Connector configuration is invalid and contains the following 1 error(s)")
         self.creates.append(name)
 
     async def delete(self, name: str) -> None:
@@ -116,6 +125,35 @@ def test_a_connector_just_created_is_not_created_again_while_the_listing_lags() 
     claimed = {ANNOTATION_OWNED_CONNECTOR: "orders", ANNOTATION_CONNECT_CLUSTER: CLUSTER}
     assert {"op": "add", "path": "/metadata/annotations", "value": claimed} in claim
     assert sync.targets["shop", "orders"].owned
+
+
+def test_a_valid_config_is_created_without_a_validation_call() -> None:
+    async def scenario() -> LaggingConnect:
+        sync, _, connect = _sync()
+        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
+        await _sync_once(sync)
+        return connect
+
+    connect = asyncio.run(scenario())
+    assert connect.creates == ["orders"]
+    assert connect.validations == 0  # Connect validates as it creates
+
+
+def test_a_config_connect_refuses_is_named_field_by_field_and_stalls() -> None:
+    async def scenario() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync()
+        connect.refuse = {"topic": ["Missing required configuration"]}
+        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
+        for _ in range(2):  # the second sync must not try again: the spec has not changed
+            await _sync_once(sync)
+        return sync, kube, connect
+
+    _, kube, connect = asyncio.run(scenario())
+    assert connect.creates == []
+    assert connect.validations == 1
+    ready = next(c for c in kube.statuses["orders"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidConfig"
+    assert "spec.config.topic: Missing required configuration" in ready["message"]
 
 
 def test_events_that_change_nothing_the_sync_acts_on_cost_no_work() -> None:
@@ -217,3 +255,28 @@ def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
 
 async def _listing(view: ConnectorView) -> dict[str, ConnectorView]:
     return {view.name: view}
+
+
+def test_a_cluster_that_does_not_answer_is_logged_once_and_asked_at_a_bounded_pace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> tuple[ConnectSync, RecordingKube]:
+        sync, kube, connect = _sync()
+
+        async def down(*, configs: bool = True) -> dict[str, ConnectorView]:
+            raise ConnectUnreachable("no answer from http://connect:8083")
+
+        connect.list_expanded = down  # type: ignore[method-assign]
+        for name in ("a", "b", "c"):
+            await sync.observe(None, _body(name))  # type: ignore[arg-type]
+        for _ in range(5):
+            await _sync_once(sync)
+        return sync, kube
+
+    with caplog.at_level(logging.INFO, logger="fibers.connect"):
+        sync, kube = asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.count("Kafka Connect unreachable") == 1  # five syncs, three resources: one line
+    assert sync._interval(CLUSTER) == sync.policy.unreachable_retry  # not the fast pace of a converging cluster
+    ready = next(c for c in kube.statuses["a"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ConnectUnreachable"  # every resource still says so

@@ -72,10 +72,6 @@ class Target:
     quiet_view: ConnectorView | None = None  # the connector as seen by a reconcile that left nothing to do
     offsets_request: OffsetsRequest | None = None  # the fibers.dev/offsets annotation, until it is done
     offsets_problem: str = ""  # why that annotation cannot be acted on
-    validated: tuple[str, ...] = ()  # the config Kafka Connect last validated without errors (see `config_key`)
-
-    def config_key(self) -> tuple[str, ...]:
-        return tuple(sorted(f"{k}={v}" for k, v in self.config.items()))
 
     @property
     def key(self) -> tuple[str, str]:

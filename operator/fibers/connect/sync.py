@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -136,6 +137,7 @@ class ConnectSync:
         self._converging: set[str] = set()
         self._nudged: set[str] = set()  # clusters with a changed resource, synced without waiting
         self._last_sync: dict[str, float] = {}
+        self._unreachable: dict[str, tuple[str, float]] = {}  # cluster -> (what failed, when it was last logged)
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
         self._written: dict[tuple[str, str], float] = {}
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
@@ -334,6 +336,8 @@ class ConnectSync:
         return groups
 
     def _interval(self, cluster: str) -> float:
+        if cluster in self._unreachable:
+            return min(self.policy.unreachable_retry, self.settings.interval)
         return self.settings.fast_interval if cluster in self._converging else self.settings.interval
 
     async def run(self) -> None:
@@ -407,12 +411,14 @@ class ConnectSync:
                 listing = await client.list_expanded(configs=True)
         except (ConnectUnreachable, ConnectError, ClusterUnavailable) as exc:
             message = redact(str(exc), ())
-            log.warning("Kafka Connect unreachable", extra={"cluster": cluster, "error": message})
+            self._note_unreachable(cluster, message)
             for target in targets:
                 target.quiet_view = None  # its status now says unreachable: the next listing must be acted on
                 await self._publish(target, self._unreachable_status(target, message))
-            self._converging.add(cluster)
+            self._converging.discard(cluster)  # asked again every `unreachable_retry` s, not at the fast pace
             return
+        if self._unreachable.pop(cluster, None) is not None:
+            log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
         if with_configs:
             self._configs_read[cluster] = now
@@ -495,6 +501,16 @@ class ConnectSync:
         self._in_flight[target.key] = task
         return task
 
+    def _note_unreachable(self, cluster: str, message: str) -> None:
+        """Log an outage when it starts or its error changes, then at most every `unreachable_log_every` s:
+        a thousand Connects on a cluster that is down make one line per cluster, not one per poll."""
+        now = time.monotonic()
+        last = self._unreachable.get(cluster)
+        if last is not None and last[0] == message and now - last[1] < self.policy.unreachable_log_every:
+            return
+        log.warning("Kafka Connect unreachable", extra={"cluster": cluster, "error": message})
+        self._unreachable[cluster] = (message, now)
+
     def _unreachable_status(self, target: Target, message: str) -> dict[str, Any]:
         now = utcnow()
         conds = [
@@ -520,7 +536,8 @@ class ConnectSync:
 
         The steps, in order (the first four are `reconcile.decide`'s, in Strimzi's order; the first that
         fails ends them):
-        1. create the connector when Connect lists none (validated, after our claim);
+        1. create the connector when Connect lists none (after our claim; Connect validates the config,
+           and a refused one is named field by field);
         2. verify its config: the listing's against the spec's, written again when they differ;
         3. move its state (a reset or alter of its offsets stops it first, and holds the rest until done);
         4. restart it, on request or when it failed (auto-restart);
@@ -615,17 +632,35 @@ class ConnectSync:
             target.quiet_view = observed
         return settled
 
-    async def _validate(self, client: ConnectClient, target: Target) -> None:
-        """Kafka Connect's own validation, once per distinct config; errors raise InvalidConfig naming fields."""
+    def _check_class(self, target: Target) -> None:
+        """A class the cluster's plugin list (from its probe) does not have is refused without a call."""
         assert target.spec is not None
-        key = target.config_key()
-        if target.validated == key:
-            return
-        spec = target.spec
         if unknown := validation.unknown_class(
-            spec.connector_class, self.clusters.plugins(target.cluster), target.cluster
+            target.spec.connector_class, self.clusters.plugins(target.cluster), target.cluster
         ):
             raise InvalidConfig(unknown)
+
+    async def _checked(self, client: ConnectClient, target: Target, change: Awaitable[None]) -> None:
+        """A create or a config update, validated by Kafka Connect itself.
+
+        Connect validates every config it is given and refuses an invalid one with a 400, changing
+        nothing: validation before apply costs no call of its own. Only a refused config is sent to
+        the validation endpoint, whose answer names each field (InvalidConfig); a wave of 100 creates
+        spared 100 validation calls this way (bench/connect_scale.py).
+        """
+        try:
+            await change
+        except ConnectError as exc:
+            if exc.status_code != 400:
+                raise
+            await self._validate(client, target)
+            raise  # the validation found nothing to name: Connect's own message stands
+
+    async def _validate(self, client: ConnectClient, target: Target) -> None:
+        """Kafka Connect's validation of the spec's config; errors raise InvalidConfig naming fields."""
+        assert target.spec is not None
+        self._check_class(target)
+        spec = target.spec
         try:
             result = await client.validate(spec.connector_class, target.config)
         except ConnectError as exc:
@@ -639,7 +674,6 @@ class ConnectSync:
             raise InvalidConfig(f"spec.class: {redact(exc.message, target.secrets)}") from None
         if problems := validation.errors(result, spec):
             raise InvalidConfig(validation.describe(problems, target.secrets))
-        target.validated = key
 
     async def _offsets_step(self, client: ConnectClient, target: Target, step: Step, outcome: Outcome) -> None:
         """One step of an offsets operation. Connect refusing it ends the operation as Failed (the
@@ -769,7 +803,7 @@ class ConnectSync:
             await self._offsets_step(client, target, step, outcome)
             return
         if step in (Step.CREATE, Step.UPDATE_CONFIG):
-            await self._validate(client, target)
+            self._check_class(target)
         if step is Step.CREATE:
             reset = spec.offsets_on_create == "reset"
             if not target.owned:  # an owned one without our finalizer was claimed again in `_reconcile`
@@ -778,7 +812,8 @@ class ConnectSync:
                 await self._write_ahead(target, {ANNOTATION_OFFSETS: "reset"})
             # With onCreate: reset the connector is created STOPPED and its offsets reset before it runs:
             # the `reset` annotation written ahead carries that through an operator restart.
-            await client.create(spec.connector, target.config, "STOPPED" if reset else spec.connect_state)
+            state = "STOPPED" if reset else spec.connect_state
+            await self._checked(client, target, client.create(spec.connector, target.config, state))
             target.config_verified = True
             target.created_at = time.monotonic()
             target.topics_due = target.created_at + self.policy.topics_after_create
@@ -786,7 +821,7 @@ class ConnectSync:
             # would otherwise put one more write per connector on the API server while Connect is busiest.
             log.info("connector created", extra={**ctx, "state": spec.connect_state})
         elif step is Step.UPDATE_CONFIG:
-            await client.put_config(spec.connector, target.config)
+            await self._checked(client, target, client.put_config(spec.connector, target.config))
             target.config_verified = True
             log.info("connector config updated", extra=ctx)
             self._event(target, "ConfigUpdated", "connector configuration updated to match the spec")
