@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,11 +57,16 @@ def read_topic(bootstrap: str, topic: str, count: int, *, timeout: float = 60) -
 
 def read_all(bootstrap: str, topic: str, *, idle: float = 3.0) -> list[bytes]:
     """Every record value on a topic so far, from the beginning: read until it has been quiet for `idle` s."""
+    return [value or b"" for _, value in read_records(bootstrap, topic, idle=idle)]
+
+
+def read_records(bootstrap: str, topic: str, *, idle: float = 3.0) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record (key, value) on a topic so far, in order: read until it has been quiet for `idle` s."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"test-all-{time.monotonic_ns()}", "auto.offset.reset": "earliest"}
     )
     consumer.subscribe([topic])
-    values: list[bytes] = []
+    records: list[tuple[bytes | None, bytes | None]] = []
     idle_since = time.monotonic()
     try:
         while time.monotonic() - idle_since < idle:
@@ -68,10 +74,23 @@ def read_all(bootstrap: str, topic: str, *, idle: float = 3.0) -> list[bytes]:
             if message is None or message.error() is not None:
                 continue
             idle_since = time.monotonic()
-            values.append(message.value() or b"")
+            records.append((message.key(), message.value()))
     finally:
         consumer.close()
-    return values
+    return records
+
+
+def latest_rows(records: list[tuple[bytes | None, bytes | None]], fields: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """What a keyed topic of JSON rows says now: the last value per key, a tombstone removing the key."""
+    rows: dict[str, dict[str, Any]] = {}
+    for key, value in records:
+        name = (key or b"").decode()
+        if value is None:
+            rows.pop(name, None)
+        else:
+            row = json.loads(value)
+            rows[name] = {f: row.get(f) for f in fields}
+    return rows
 
 
 class Resources:
@@ -172,7 +191,6 @@ class Resources:
 
 def produce(bootstrap: str, topic: str, values: list[Any], *, key: str | None = None) -> None:
     """Write JSON values to a topic and wait until Kafka has them all."""
-    import json
 
     from confluent_kafka import Producer
 

@@ -41,8 +41,8 @@ class Step:
     def writes(self) -> set[str]:
         """Topics this step writes (what a reference to it resolves to; a consumer's Kafka sink)."""
         if self.kind == "DatabusConsumer":
-            sink = self.body["spec"]["sink"]
-            return {str(sink["topic"])} if sink.get("topic") else set()
+            spec = self.body["spec"]
+            return {str(sink["topic"]) for sink in spec.get("sinks") or [spec.get("sink") or {}] if sink.get("topic")}
         return set(Upstream(Ref(self.kind, self.body["metadata"]["name"], "", 0), self.body).topics())
 
     def names(self) -> tuple[set[str], set[str]]:

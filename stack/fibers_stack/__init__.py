@@ -105,6 +105,14 @@ class StackInfo:
         return [name for name, pid in self.pids.items() if not process.alive(pid)]
 
 
+def user_image(info: StackInfo, name: str, context: Path) -> str:
+    """Build a user's image from the Dockerfile in `context` (FROM the stack's job image) and load it into
+    the node's containerd, as a user pushes theirs to a registry the cluster pulls from."""
+    ref = images.on_job_image(name, context, info.images["job"])
+    images.import_one(str(node.containerd_socket(Path(info.run_dir))), ref)
+    return ref
+
+
 def _state_file() -> Path:
     return run_dir() / "stack.json"
 

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from fibers import logs
 
@@ -46,6 +47,18 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.run(tty=False if args.no_tty else None)
 
 
+def _user_image(args: argparse.Namespace) -> int:
+    import fibers_stack as stack
+
+    info = stack.current()
+    if info is None or info.dead():
+        print("the stack is not running: fibers-stack up", file=sys.stderr)
+        return 1
+    context = Path(args.context).resolve()
+    print(stack.user_image(info, args.name or f"user-{context.name}", context))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fibers-stack", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -57,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     fetch_cmd.add_argument("components", nargs="*", help="only these (kubernetes, kafka, images, …)")
     demo_cmd = sub.add_parser("demo", help="run the sample pipeline of examples/ on the local stack")
     demo_cmd.add_argument("--no-tty", action="store_true", help="plain output (no redrawn table)")
-    handlers = {"up": _up, "down": _down, "status": _status, "fetch": _fetch, "demo": _demo}
+    image_cmd = sub.add_parser(
+        "user-image", help="build your image from a Dockerfile FROM the job image, and load it into the node"
+    )
+    image_cmd.add_argument("context", help="the folder with the Dockerfile (e.g. examples/callback)")
+    image_cmd.add_argument("--name", help="image name (default: user-<folder>); prints name:tag")
+    handlers = {"up": _up, "down": _down, "status": _status, "fetch": _fetch, "demo": _demo, "user-image": _user_image}
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)
     return handlers[args.command](args)

@@ -472,6 +472,35 @@ def build_all() -> Images:
     return images
 
 
+def on_job_image(name: str, context: Path, job: str) -> str:
+    """A user's image from their own Dockerfile in `context`, `FROM` the job image (passed as the build
+    argument FIBERS_JOB_IMAGE), built the way a user builds theirs (examples/callback)."""
+    dockerfile = context / "Dockerfile"
+    tag = dockerfile_tag(dockerfile, context, {"FIBERS_JOB_IMAGE": job})
+
+    def build(ref: str, scratch: Path) -> None:
+        _load(job)
+        local_args, volumes = _build_args_for_this_machine()
+        _bud(ref, context, dockerfile, build_args={"FIBERS_JOB_IMAGE": job, **local_args}, volumes=volumes)
+
+    return _ensure(name, tag, "~30 s", build)
+
+
+def _import(ctr: list[str], ref: str) -> None:
+    started = time.monotonic()
+    log.info("importing %s into containerd", ref)
+    _run([*ctr, "import", str(archive_path(ref))], f"ctr import of {ref}")
+    log.info("imported %s", ref, extra={"seconds": round(time.monotonic() - started, 1)})
+
+
+def import_one(containerd_address: str, ref: str) -> None:
+    """Import one image into the node's containerd unless it has it already."""
+    ctr = ["ctr", "--address", containerd_address, "-n", CONTAINERD_NAMESPACE, "images"]
+    listed = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True)
+    if ref not in listed.stdout.split():
+        _import(ctr, ref)
+
+
 def import_into(containerd_address: str, images: Images) -> None:
     """Import into the node's containerd the images it does not have yet; drop older tags of ours."""
     ctr = ["ctr", "--address", containerd_address, "-n", CONTAINERD_NAMESPACE, "images"]
@@ -479,12 +508,8 @@ def import_into(containerd_address: str, images: Images) -> None:
     present = set(listed.stdout.split())
     wanted = images.refs()
     for ref in wanted.values():
-        if ref in present:
-            continue
-        started = time.monotonic()
-        log.info("importing %s into containerd", ref)
-        _run([*ctr, "import", str(archive_path(ref))], f"ctr import of {ref}")
-        log.info("imported %s", ref, extra={"seconds": round(time.monotonic() - started, 1)})
+        if ref not in present:
+            _import(ctr, ref)
     ours = {_split(ref)[0] for ref in wanted.values()}
     stale = [ref for ref in present if ref.startswith("localhost/") and _split(ref)[0] in ours]
     stale = [ref for ref in stale if ref not in wanted.values()]

@@ -30,7 +30,7 @@ from pymongo import MongoClient
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
 from fibers_stack import StackInfo, node
-from tests.helpers import Resources, debezium_connect, produce, wait_for
+from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.databus
@@ -112,6 +112,36 @@ def test_table_is_materialised_in_mongodb(
     assert status["readyInstances"] == 1
     assert status["checkpointConfigMap"] == f"{unique}-checkpoint"
     consumers.wait_status(unique, lambda s: s.get("lag") == 0 and s.get("eventsProcessed", 0) > 0, timeout=30)
+
+
+def test_one_consumer_feeds_two_sinks_from_one_read(
+    consumers: Resources, cdc: dict[str, Any], mongo_secret: str, stack_info: StackInfo, unique: str
+) -> None:
+    """A MongoDB view and a Kafka feed of the same stream, one checkpoint: both equal the table."""
+    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+    feed = f"{unique}-feed"
+    sinks = [{**mongo_sink(mongo_secret, unique, "orders"), "name": "view"}, {"type": "kafka", "topic": feed}]
+    consumers.create(unique, {"sources": [cdc["topic"]], "sinks": sinks})
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        mutate(pg, cdc["table"], 15, random.Random(21), start_id=2000)
+        expected = table_rows(pg, cdc["table"])
+    wait_for(lambda: view_rows(mongo, unique, "orders") == expected, timeout=120, what="the view equals the table")
+    fields = ("id", "item", "qty")
+    wait_for(
+        lambda: latest_rows(read_records(stack_info.kafka_bootstrap, feed, idle=1), fields) == expected,
+        timeout=60,
+        what="the Kafka feed equals the table",
+    )
+
+    def figures(status: dict[str, Any]) -> bool:
+        sinks = status.get("sinks") or []
+        return [x["name"] for x in sinks] == ["view", "kafka"] and all(x["windows"] > 0 for x in sinks)
+
+    try:
+        status = consumers.wait_status(unique, figures, timeout=60, what="each sink's figures in status")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; status.sinks is {consumers.status(unique).get('sinks')}") from None
+    assert all(x["errors"] == 0 and x["timeouts"] == 0 for x in status["sinks"])
 
 
 def consumer_pod(kube: ApiClient, namespace: str, name: str) -> client.V1Pod | None:

@@ -20,13 +20,25 @@ class ConfigError(ValueError):
     """The configuration cannot run; the message names the DatabusConsumer field to fix."""
 
 
+def sink_specs(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(field, sink) of each of a DatabusConsumer's sinks: `spec.sink`, or each of `spec.sinks`."""
+    if spec.get("sinks"):
+        return [(f"spec.sinks[{i}]", dict(sink)) for i, sink in enumerate(spec["sinks"])]
+    return [("spec.sink", dict(spec["sink"]))]
+
+
+def sink_name(sink: dict[str, Any]) -> str:
+    """A sink's name in status and logs: its own, else its type."""
+    return str(sink.get("name") or sink["type"])
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     name: str
     namespace: str
     topics: list[str]
     bootstrap_servers: str
-    sink: dict[str, Any]
+    sinks: list[dict[str, Any]]  # each with "field" (spec.sink or spec.sinks[i]) and "name"; windows go to all
     checkpoint_config_map: str
     instance: int = 0
     instances: int = 1
@@ -45,12 +57,13 @@ class ConsumerConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConsumerConfig:
         relay, checkpoint, callback = data["relay"], data["checkpoint"], data.get("callback") or {}
+        sinks = data.get("sinks") or [{"field": "spec.sink", **data["sink"]}]  # the one-sink form
         return cls(
             name=data["name"],
             namespace=data["namespace"],
             topics=list(relay["topics"]),
             bootstrap_servers=relay["bootstrapServers"],
-            sink=dict(data["sink"]),
+            sinks=[{"field": f"spec.sinks[{i}]", "name": sink_name(s), **s} for i, s in enumerate(sinks)],
             checkpoint_config_map=checkpoint["configMapName"],
             instance=int(data.get("instance", 0)),
             instances=int(data.get("instances", 1)),
@@ -68,7 +81,7 @@ class ConsumerConfig:
 
     def secrets(self) -> list[str]:
         """The values of the environment variables that carry MongoDB URIs (to mask in messages)."""
-        names = [self.sink.get("uriEnv"), (self.bootstrap or {}).get("uriEnv")]
+        names = [*(sink.get("uriEnv") for sink in self.sinks), (self.bootstrap or {}).get("uriEnv")]
         return [value for name in names if name and (value := os.environ.get(str(name)))]
 
     def check(self) -> ConsumerConfig:
@@ -100,29 +113,34 @@ class ConsumerConfig:
                 raise ConfigError(f"{where} must be at least {low}, not {value}")
         if self.callback_timeout <= 0:
             raise ConfigError(f"spec.callbackPolicy.timeoutSeconds must be positive, not {self.callback_timeout}")
-        self._check_sink()
+        for sink in self.sinks:
+            _check_sink(sink, str(sink["field"]))
+        names = [str(sink["name"]) for sink in self.sinks]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"spec.sinks: names must be distinct (name the sinks of one type); {names}")
         if self.bootstrap:
             _check_database(str(self.bootstrap.get("database") or ""), "spec.bootstrap.database")
         return self
 
-    def _check_sink(self) -> None:
-        kind = self.sink.get("type")
-        if kind not in SINK_TYPES:
-            raise ConfigError(f"spec.sink.type must be one of {', '.join(SINK_TYPES)}, not {kind!r}")
-        if kind in ("mongodb", "history", "bootstrap"):
-            _check_database(str(self.sink.get("database") or ""), "spec.sink.database")
-        if kind in ("mongodb", "history"):
-            collection = str(self.sink.get("collection") or "")
-            if not collection or "$" in collection or "\x00" in collection or collection.startswith("system."):
-                raise ConfigError(f"spec.sink.collection: {collection!r} is not a collection name (no $, not system.*)")
-        if kind == "kafka":
-            _check_topics([str(self.sink.get("topic") or "")], "spec.sink.topic")
-        if kind == "callback" and not _CALLBACK.match(str(self.sink.get("callback") or "")):
-            raise ConfigError(f"spec.sink.callback: {self.sink.get('callback')!r} is not package.module:Class")
-
     def owns(self, partition: int) -> bool:
         """Exclusive ownership: instance i of n consumes the partitions p with p % n == i."""
         return partition % self.instances == self.instance
+
+
+def _check_sink(sink: dict[str, Any], where: str) -> None:
+    kind = sink.get("type")
+    if kind not in SINK_TYPES:
+        raise ConfigError(f"{where}.type must be one of {', '.join(SINK_TYPES)}, not {kind!r}")
+    if kind in ("mongodb", "history", "bootstrap"):
+        _check_database(str(sink.get("database") or ""), f"{where}.database")
+    if kind in ("mongodb", "history"):
+        collection = str(sink.get("collection") or "")
+        if not collection or "$" in collection or "\x00" in collection or collection.startswith("system."):
+            raise ConfigError(f"{where}.collection: {collection!r} is not a collection name (no $, not system.*)")
+    if kind == "kafka":
+        _check_topics([str(sink.get("topic") or "")], f"{where}.topic")
+    if kind == "callback" and not _CALLBACK.match(str(sink.get("callback") or "")):
+        raise ConfigError(f"{where}.callback: {sink.get('callback')!r} is not package.module:Class")
 
 
 def _check_topics(topics: list[str], where: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from fibers import termination
 from fibers.api import API_VERSION, DATABUS_PLURAL
+from fibers.databus.config import sink_name, sink_specs
 from fibers.upstream import Upstream
 
 PLURAL = DATABUS_PLURAL
@@ -15,6 +16,12 @@ KIND = "DatabusConsumer"
 LABEL_CONSUMER = "fibers.dev/databusconsumer"
 LABEL_INSTANCE = "fibers.dev/instance"
 SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"
+
+
+def sink_uri_env(index: int) -> str:
+    """The environment variable carrying the URI of the index-th sink, from its `uriSecretRef` (the first
+    sink's keeps the name it had when a consumer had one sink)."""
+    return SINK_URI_ENV if index == 0 else f"FIBERS_SINK_{index}_URI"
 
 
 def checkpoint_config_map(body: dict[str, Any]) -> str:
@@ -43,10 +50,11 @@ def render_config(
     bootstrap_servers = (spec.get("relay") or {}).get("bootstrapServers") or kafka_bootstrap
     if not bootstrap_servers:
         raise ValueError("spec.relay.bootstrapServers is not set and the operator has no default Kafka")
-    sink = dict(spec["sink"])
-    sink.pop("uriSecretRef", None)
-    if sink["type"] in ("mongodb", "history", "bootstrap"):
-        sink["uriEnv"] = SINK_URI_ENV
+    sinks = []
+    for index, (where, sink) in enumerate(sink_specs(spec)):
+        if sink.pop("uriSecretRef", None):  # MongoDB sinks, or a callback's own connection (its `uri` argument)
+            sink["uriEnv"] = sink_uri_env(index)
+        sinks.append({**sink, "field": where, "name": sink_name(sink)})
     bootstrap = spec.get("bootstrap") or {}
     policy = spec.get("callbackPolicy") or {}
     checkpoint = spec.get("checkpoint") or {}
@@ -61,7 +69,7 @@ def render_config(
         "instance": instance,
         "instances": int(spec.get("instances", 1)),
         "relay": relay,
-        "sink": sink,
+        "sinks": sinks,
         "bootstrap": {"uriEnv": STORE_URI_ENV, "database": bootstrap["database"]} if bootstrap.get("enabled") else None,
         "checkpoint": {
             "configMapName": checkpoint_config_map(body),
@@ -129,8 +137,9 @@ def deployment(
     rendered = json.dumps(config, sort_keys=True)
     labels = {LABEL_CONSUMER: name, LABEL_INSTANCE: str(instance)}
     env: list[dict[str, Any]] = [{"name": "FIBERS_CONSUMER_CONFIG", "value": rendered}]
-    if spec["sink"].get("uriSecretRef"):
-        env.append(_secret_env(SINK_URI_ENV, spec["sink"]["uriSecretRef"]))
+    for index, (_, sink) in enumerate(sink_specs(spec)):
+        if sink.get("uriSecretRef"):
+            env.append(_secret_env(sink_uri_env(index), sink["uriSecretRef"]))
     if (spec.get("bootstrap") or {}).get("enabled"):
         env.append(_secret_env(STORE_URI_ENV, spec["bootstrap"]["uriSecretRef"]))
     pod_spec: dict[str, Any] = {

@@ -283,6 +283,21 @@ def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints, annota
         status["lag"] = sum(int(s.get("lag") or 0) for s in stats)
         status["eventsProcessed"] = sum(int(s.get("eventsProcessed") or 0) for s in stats)
         status["lastCheckpointTime"] = max(str(s.get("lastCheckpointTime", "")) for s in stats)
+        if sinks := _sink_figures(stats):
+            status["sinks"] = sinks
+
+
+def _sink_figures(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each sink's figures summed over the instances (the slowest last batch), in the order first seen."""
+    figures: dict[str, dict[str, Any]] = {}
+    for instance in stats:
+        for own in instance.get("sinks") or []:
+            name = str(own.get("name"))
+            total = figures.setdefault(name, {"name": name, "windows": 0, "errors": 0, "timeouts": 0})
+            for key in ("windows", "errors", "timeouts"):
+                total[key] += int(own.get(key) or 0)
+            total["lastBatchSeconds"] = max(total.get("lastBatchSeconds", 0.0), float(own.get("lastBatchSeconds") or 0))
+    return list(figures.values())
 
 
 def _conditions(

@@ -134,10 +134,50 @@ def _window_ends_backwards(
             yield window[-1], results[index]
 
 
+class SinkFailed(Exception):
+    """One of several sinks failed a window: every sink is rolled back to the same checkpoint."""
+
+    def __init__(self, sink: str, error: BaseException) -> None:
+        super().__init__(f"sink {sink}: {error}")
+        self.sink, self.error = sink, error
+
+
+@dataclass(slots=True)
+class SinkStats:
+    """What one callback did, for the consumer's status (summed over instances by the operator)."""
+
+    windows: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    last_batch_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "windows": self.windows,
+            "errors": self.errors,
+            "timeouts": self.timeouts,
+            "lastBatchSeconds": round(self.last_batch_seconds, 4),
+        }
+
+
+def _stricter(a: Result, b: Result) -> Result:
+    """Two callbacks' results for one window: skipping a checkpoint wins, then asking for one."""
+    for result in (Result.SKIP_CHECKPOINT, Result.CHECKPOINT):
+        if result in (a, b):
+            return result
+    return Result.SUCCESS
+
+
 class Runtime:
     def __init__(self, config: ConsumerConfig, api: Api, callback: Callback | None = None) -> None:
+        """`callback`: one given by the caller (tests, benchmarks) instead of the configured sinks."""
         self.config = config
-        self.callback = callback or sinks.build(config.sink, config.bootstrap_servers)
+        if callback is not None:
+            self.callbacks, self.sink_names = [callback], ["callback"]
+        else:
+            self.callbacks = [sinks.build(sink, config.bootstrap_servers) for sink in config.sinks]
+            self.sink_names = [str(sink["name"]) for sink in config.sinks]
+        self.sink_stats = [SinkStats() for _ in self.callbacks]
         self._parse: Parser = parse_json
         if config.registry_url:  # Avro values: each record's writer schema from the registry, fetched once per id
             self._parse = AvroDecoder(Registry(config.registry_url))
@@ -165,8 +205,9 @@ class Runtime:
         self.checkpoints: dict[str, Checkpoint] = {}
         self.events_processed = 0
         self.stopping = False
-        self.driver = CallbackDriver(config.callback_timeout)  # relay windows and bootstrap pages alike
-        self._dispatch_window = window_dispatcher(self.callback)
+        # One thread per callback, for relay windows and bootstrap pages alike.
+        self.driver = CallbackDriver(len(self.callbacks), config.callback_timeout)
+        self._dispatchers = [window_dispatcher(callback) for callback in self.callbacks]
         self._timelines = 1  # how many timelines this instance consumes; set when they are assigned
 
     # ----- plumbing ------------------------------------------------------------------------------
@@ -193,7 +234,23 @@ class Runtime:
 
     def _stats(self) -> dict[str, Any]:
         """Figures the operator mirrors into status; computed only when a checkpoint is written."""
-        return {"eventsProcessed": self.events_processed, "mode": self._mode(), "lag": self._lag()}
+        return {
+            "eventsProcessed": self.events_processed,
+            "mode": self._mode(),
+            "lag": self._lag(),
+            "sinks": [
+                {"name": name, **stats.as_dict()} for name, stats in zip(self.sink_names, self.sink_stats, strict=True)
+            ],  # a list: the stats are stored with sorted keys, and the sinks keep the spec's order
+        }
+
+    def _hook(self, name: str, *args: Any) -> None:
+        """Call a start or stop hook of every callback, each on its thread; any failure stops the consumer."""
+        self.driver.all(lambda i: self._call(getattr(self.callbacks[i], name), *args))
+
+    def _tell(self, name: str, *args: Any) -> None:
+        """Tell every callback of a failure (on_error, on_rollback and their bootstrap twins)."""
+        for callback in self.callbacks:
+            getattr(callback, name)(*args)
 
     def _mode(self) -> str:
         modes = {cp.consumption_mode.value for cp in self.checkpoints.values()}
@@ -224,7 +281,7 @@ class Runtime:
             emitter.start(*self._datasets())
         try:
             stored = self.store.load()
-            self._call(self.callback.on_start_consumption)
+            self._hook("on_start_consumption")
             assignments = self._start_positions(dict(stored))
             self._consume(assignments)
         except ConsumerStopped as exc:
@@ -261,13 +318,13 @@ class Runtime:
         inputs = [
             lineage.kafka(bootstrap, t, None, lineage.Producer.from_dict(producers.get(t))) for t in self.config.topics
         ]
-        sink = self.config.sink
         outputs: list[lineage.DatasetRef] = []
-        if sink["type"] in ("mongodb", "history"):
-            uri = os.environ.get(sink.get("uriEnv", ""), "")
-            outputs.append(lineage.mongodb(uri, sink["database"], sink["collection"], self.events_processed))
-        elif sink["type"] == "kafka":
-            outputs.append(lineage.kafka(bootstrap, sink["topic"], self.events_processed))
+        for sink in self.config.sinks:
+            if sink["type"] in ("mongodb", "history"):
+                uri = os.environ.get(sink.get("uriEnv", ""), "")
+                outputs.append(lineage.mongodb(uri, sink["database"], sink["collection"], self.events_processed))
+            elif sink["type"] == "kafka":
+                outputs.append(lineage.kafka(bootstrap, sink["topic"], self.events_processed))
         return inputs, outputs
 
     def _on_signal(self, *_: object) -> None:
@@ -330,11 +387,11 @@ class Runtime:
         log.info("bootstrap starting", extra={"topic": topic, "reason": reason})
         try:
             cp = self._bootstrap_checkpoint(topic, keys, store, partitions)
-            self.driver.run(self._call, self.callback.on_start_bootstrap)
+            self._hook("on_start_bootstrap")
             if cp.consumption_mode is ConsumptionMode.BOOTSTRAP_SNAPSHOT:
                 cp = self._snapshot(topic, partitions, keys, store, cp)
             cp = self._catchup(topic, partitions, keys, store, cp)
-            self.driver.run(self._call, self.callback.on_stop_bootstrap)
+            self._hook("on_stop_bootstrap")
         finally:
             mongo.close()
 
@@ -368,15 +425,14 @@ class Runtime:
         """
         tries = 0
         while True:
-            try:
-                self.driver.run(self._bootstrap_page, events, scn)
-            except Exception as exc:  # any failure of a page rolls it back, as for relay windows
+            outcomes = self.driver.each(lambda i: self._bootstrap_page(i, events, scn))
+            if exc := self._first_failure(outcomes):  # any failure of a page rolls it back, as for windows
                 tries += 1
                 first = events[0]
                 where = {"topic": first.topic, "phase": first.window, "scn": scn, "attempt": tries}
                 log.warning("bootstrap page failed; rolling back", extra=where | {"error": str(exc)})
-                self.callback.on_bootstrap_error(exc)
-                self.callback.on_bootstrap_rollback(checkpoint.window_scn)
+                self._tell("on_bootstrap_error", exc)
+                self._tell("on_bootstrap_rollback", checkpoint.window_scn)
                 if tries > self.config.retries:
                     raise ConsumerStopped(
                         f"bootstrap {first.window} of {first.topic} failed at SCN {scn} {tries} times: {exc}"
@@ -386,16 +442,37 @@ class Runtime:
             self.events_processed += len(events)
             return
 
-    def _bootstrap_page(self, events: list[ChangeEvent], scn: int) -> None:
-        """In the callback thread: a page in the Databus bootstrap call order, then buffered sinks write it."""
-        self._call(self.callback.on_start_bootstrap_sequence, scn)
+    def _bootstrap_page(self, index: int, events: list[ChangeEvent], scn: int) -> None:
+        """In callback `index`'s thread: a page in the Databus bootstrap call order, then a buffered sink writes it."""
+        callback = self.callbacks[index]
+        self._call(callback.on_start_bootstrap_sequence, scn)
         for event in events:
-            self._call(self.callback.on_bootstrap_event, event)
+            self._call(callback.on_bootstrap_event, event)
             if self.driver.abandoned():  # timed out: the replay delivers this page
                 raise CallbackTimeout("abandoned after the timeout")
-        self._call(self.callback.on_end_bootstrap_sequence, scn)
-        self._end_batch()
-        self._call(self.callback.on_bootstrap_checkpoint, scn)
+        self._call(callback.on_end_bootstrap_sequence, scn)
+        self._end_batch(index)
+        self._call(callback.on_bootstrap_checkpoint, scn)
+
+    def _first_failure(self, outcomes: list[Any]) -> BaseException | None:
+        """The first callback's failure among `each`'s outcomes, named by its sink when there are several;
+        every failure is counted in its sink's figures."""
+        first: BaseException | None = None
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, BaseException):
+                self._count_failure(index, outcome)
+                first = first or self._named(index, outcome)
+        return first
+
+    def _count_failure(self, index: int, error: BaseException) -> None:
+        stats = self.sink_stats[index]
+        if isinstance(error, CallbackTimeout):
+            stats.timeouts += 1
+        else:
+            stats.errors += 1
+
+    def _named(self, index: int, error: BaseException) -> BaseException:
+        return SinkFailed(self.sink_names[index], error) if len(self.callbacks) > 1 else error
 
     def _snapshot(
         self, topic: str, partitions: list[int], keys: list[str], store: BootstrapStore, cp: Checkpoint
@@ -570,10 +647,7 @@ class Runtime:
         fails, the timelines with windows not yet dispatched are sought back to their checkpoints
         and read again: that is the rollback. Returns those timelines.
         """
-        try:
-            outcome = self.driver.run(self._run_windows, windows)
-        except CallbackTimeout as error:
-            outcome = BatchOutcome(pending=windows, error=error)
+        outcome = self._combine(windows, self.driver.each(lambda i: self._run_windows(i, windows)))
         self.events_processed += sum(map(len, outcome.applied))
         if attempts:
             for event in _window_starts(outcome.applied):
@@ -597,11 +671,15 @@ class Runtime:
                 self.consumer.seek(TopicPartition(*timeline, resume if resume is not None else event.offset))
         return rewound
 
-    def _run_windows(self, windows: list[list[ChangeEvent]]) -> BatchOutcome:
-        """In the callback thread: dispatch windows until one fails; then let buffered sinks write."""
+    def _run_windows(self, index: int, windows: list[list[ChangeEvent]]) -> tuple[list[Result], BaseException | None]:
+        """In callback `index`'s thread: dispatch windows until one fails; then a buffered sink writes.
+
+        Returns a Result per window (per record of a Singles run) done, and what stopped it, if anything.
+        """
+        started = time.perf_counter()
         results: list[Result] = []
         error: BaseException | None = None
-        dispatch = self._dispatch_window
+        dispatch = self._dispatchers[index]
         for window in windows:
             try:
                 dispatch(window, results)
@@ -609,16 +687,39 @@ class Runtime:
                 error = exc
                 break
             if self.driver.abandoned():  # timed out: the rollback replays these windows; write nothing
-                return BatchOutcome(pending=windows, error=CallbackTimeout("abandoned after the timeout"))
+                return [], CallbackTimeout("abandoned after the timeout")
         if results:
             try:
-                self._end_batch()  # buffered sinks write the successful windows now
+                self._end_batch(index)  # a buffered sink writes the successful windows now
             except Exception as exc:  # nothing of this batch is known to be applied
-                return BatchOutcome(pending=windows, error=exc)
-        return BatchOutcome.of(windows, results, error, self._timelines)
+                return [], exc
+        stats = self.sink_stats[index]
+        stats.windows += len(results)
+        stats.last_batch_seconds = time.perf_counter() - started
+        return results, error
 
-    def _end_batch(self) -> None:
-        end_batch = getattr(self.callback, "on_end_batch", None)
+    def _combine(self, windows: list[list[ChangeEvent]], outcomes: list[Any]) -> BatchOutcome:
+        """The batch as far as every callback got: a window counts only when all of them succeeded."""
+        if len(outcomes) == 1 and not isinstance(outcomes[0], BaseException):  # one sink: the hot path
+            results, error = outcomes[0]
+            if error is not None:
+                self._count_failure(0, error)
+            return BatchOutcome.of(windows, results, error, self._timelines)
+        combined: list[Result] | None = None
+        failure: BaseException | None = None
+        for index, outcome in enumerate(outcomes):
+            results, error = ([], outcome) if isinstance(outcome, BaseException) else outcome
+            if error is not None:
+                self._count_failure(index, error)
+                failure = failure or self._named(index, error)
+            # zip stops at the shorter: the windows every callback got through
+            combined = (
+                results if combined is None else [_stricter(a, b) for a, b in zip(combined, results, strict=False)]
+            )
+        return BatchOutcome.of(windows, combined or [], failure, self._timelines)
+
+    def _end_batch(self, index: int) -> None:
+        end_batch = getattr(self.callbacks[index], "on_end_batch", None)
         if end_batch is not None:
             end_batch()
 
@@ -635,8 +736,8 @@ class Runtime:
             "window failed; rolling back",
             extra={"timeline": key, "scn": window[-1].scn, "attempt": tries, "error": str(exc)},
         )
-        self.callback.on_error(exc)
-        self.callback.on_rollback(cp.window_scn if cp else -1)
+        self._tell("on_error", exc)
+        self._tell("on_rollback", cp.window_scn if cp else -1)
         if tries > self.config.retries:
             raise ConsumerStopped(f"window at SCN {window[-1].scn} of {key} failed {tries} times: {exc}")
         self._pause(tries)
@@ -651,8 +752,11 @@ class Runtime:
         except Exception:
             log.exception("could not write the last checkpoint")
         try:
-            self.callback.on_stop_consumption()
-            self.callback.close()
+            for callback in self.callbacks:
+                try:
+                    callback.on_stop_consumption()
+                finally:
+                    callback.close()
         finally:
             self.consumer.close()
             self.driver.close()

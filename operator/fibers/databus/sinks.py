@@ -184,5 +184,8 @@ def build(sink: dict[str, Any], kafka_bootstrap: str | None) -> Callback:
     if kind == "log":
         return LogSink(quiet=bool(sink.get("quiet")))
     if kind == "callback":
-        return callbacks.load(sink["callback"], dict(sink.get("options") or {}))
+        options: dict[str, Any] = dict(sink.get("options") or {})
+        if sink.get("uriEnv"):  # the sink's uriSecretRef, from the pod's environment (never from the spec)
+            options["uri"] = os.environ.get(sink["uriEnv"], "")
+        return callbacks.load(sink["callback"], options)
     raise ValueError(f"unknown sink type {kind!r}")

@@ -1,8 +1,11 @@
-"""The bootstrap dispatcher: snapshot and catch-up pages get the relay's timeout, rollback and retries.
+"""The callback driver: bootstrap pages and relay windows, one callback or several.
 
-A store consumer fills the bootstrap store (MongoDB protocol, the stack's FerretDB) from a Kafka topic;
-a second consumer, run as `fibers consume` (what consumer pods run), bootstraps from it through a user
-callback that fails, hangs or never succeeds, and writes a journal of every call it got.
+- Bootstrap: a store consumer fills the bootstrap store (MongoDB protocol, the stack's FerretDB) from a
+  Kafka topic; a second consumer, run as `fibers consume` (what consumer pods run), bootstraps from it
+  through a user callback that fails, hangs or never succeeds, and writes a journal of every call it
+  got. Snapshot and catch-up pages get the relay's timeout, rollback and retries.
+- Several sinks: one consumer feeds a MongoDB view, a Kafka topic and two user callbacks; one callback
+  fails once, and every sink is rolled back to the same checkpoint.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers.databus.checkpoint import ConsumptionMode, timeline_key
+from fibers.databus.checkpoint_store import STATS_ANNOTATION
 from fibers.databus.store import collection_suffix
 from fibers.databus.tuning import BOOTSTRAP_PAGE_ROWS
 from fibers_stack import StackInfo
-from tests.helpers import produce, wait_for
+from tests.helpers import latest_rows, produce, read_records, wait_for
 from tests.integration.test_databus import consumer_config, run_consumer, stored_checkpoint
 
 pytestmark = pytest.mark.databus
@@ -34,8 +38,9 @@ class Recorder(Callback):
     """Writes every bootstrap call to a journal; fails, hangs or always fails where the test says."""
 
     def __init__(self, journal, fail_snapshot_key=None, fail_catchup=False, hang_key=None, always_fail=False,
-                 go_file=None):
+                 go_file=None, fail_offset=None):
         self.journal = pathlib.Path(journal)
+        self.fail_offset = int(fail_offset) if fail_offset is not None else None
         self.fail_snapshot_key, self.fail_catchup = fail_snapshot_key, fail_catchup
         self.hang_key, self.always_fail, self.go_file = hang_key, always_fail, go_file
 
@@ -66,6 +71,22 @@ class Recorder(Callback):
             self.note("hang", event.window, event.key)
             time.sleep(8)
         self.note("event", event.window, event.key, event.scn)
+        return Result.SUCCESS
+
+    def on_data_event(self, event):
+        if event.offset == self.fail_offset:
+            self.fail_offset = None
+            self.note("fail", "relay", event.key)
+            raise RuntimeError(f"offset {event.offset} refused once")
+        self.note("event", "relay", event.key, event.offset)
+        return Result.SUCCESS
+
+    def on_error(self, error):
+        self.note("error", str(error))
+        return Result.SUCCESS
+
+    def on_rollback(self, scn):
+        self.note("rollback", scn)
         return Result.SUCCESS
 
     def on_bootstrap_error(self, error):
@@ -233,3 +254,74 @@ def test_a_bootstrap_that_keeps_failing_stops_naming_source_scn_and_error(
     assert message.startswith(f"bootstrap snapshot of {unique} failed at SCN 4 3 times: "), message
     assert "cannot take" in message
     assert [e[0] for e in journal_entries(journal)].count("rollback") == 3
+
+
+def test_several_sinks_get_every_window_and_one_failing_rolls_them_all_back(
+    stack_info: StackInfo, kube: ApiClient, namespace: str, unique: str, tmp_path: Path
+) -> None:
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    (tmp_path / "recorder.py").write_text(CALLBACK)
+    count, keys = 400, 100
+    produce(stack_info.kafka_bootstrap, unique, [{"id": i % keys, "v": i} for i in range(count)], key="id")
+    journals = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b")}
+    feed = f"{unique}-feed"
+    sinks = [
+        {"type": "mongodb", "uriEnv": "FIBERS_SINK_MONGODB_URI", "database": unique, "collection": "rows",
+         "name": "view"},
+        {"type": "kafka", "topic": feed, "name": "feed"},
+        {"type": "callback", "callback": "recorder:Recorder", "name": "a",
+         "options": {"journal": str(journals["a"]), "fail_offset": "250"}},
+        {"type": "callback", "callback": "recorder:Recorder", "name": "b", "options": {"journal": str(journals["b"])}},
+    ]  # fmt: skip
+    config = consumer_config(unique, namespace, unique, stack_info, sinks[0], callback={"retryBackoffSeconds": 0.2})
+    del config["sink"]
+    config["sinks"] = sinks
+    proc = run_consumer(stack_info, config, tmp_path / "consumer.log", {"PYTHONPATH": str(tmp_path)})
+    try:
+        expected = {str(k): {"id": k, "v": count - keys + k} for k in range(keys)}
+        mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
+        wait_for(
+            lambda: {d["_id"]: {"id": d["id"], "v": d["v"]} for d in mongo[unique]["rows"].find()} == expected,
+            timeout=90,
+            what="the MongoDB view has every row's last value",
+        )
+        wait_for(
+            lambda: latest_rows(read_records(stack_info.kafka_bootstrap, feed, idle=1), ("id", "v")) == expected,
+            timeout=60,
+            what="the Kafka feed has every row's last value",
+        )
+        wait_for(
+            lambda: all(
+                {e[3] for e in journal_entries(j) if e[0] == "event"} == set(range(count)) for j in journals.values()
+            ),
+            timeout=60,
+            what="both callbacks got every record",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    for name, journal in journals.items():
+        entries = journal_entries(journal)
+        rollbacks = [i for i, e in enumerate(entries) if e[0] == "rollback"]
+        assert len(rollbacks) == 1, (name, entries)  # a's failure rolled back b (and the built-in sinks) too
+        assert any(e[0] == "error" and e[1].startswith("sink a: offset 250 refused once") for e in entries)
+        committed = entries[rollbacks[0]][1]
+        assert committed < 250
+        offsets = Counter(e[3] for e in entries if e[0] == "event")
+        assert all(offsets[o] == 1 for o in range(committed + 1)), f"{name} saw a committed window twice"
+        replay = next(e for e in entries[rollbacks[0] :] if e[0] == "event")
+        assert replay[3] == committed + 1, "the replay starts right after the checkpoint"
+    stats = stored_stats(kube, namespace, unique)
+    figures = {sink["name"]: sink for sink in stats["sinks"]}
+    assert list(figures) == ["view", "feed", "a", "b"]  # in the spec's order
+    assert figures["a"]["errors"] == 1 and figures["b"]["errors"] == 0 and figures["view"]["errors"] == 0
+    assert all(f["windows"] >= count for f in figures.values())
+
+
+def stored_stats(kube: ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """The figures the consumer left with its checkpoints (instance 0), as the operator mirrors them."""
+    from kubernetes import client
+
+    cm = client.CoreV1Api(kube).read_namespaced_config_map(f"{name}-checkpoint", namespace)
+    return dict(json.loads((cm.metadata.annotations or {})[f"{STATS_ANNOTATION}0"]))

@@ -1,0 +1,160 @@
+"""Several sinks per consumer: the callback driver's threads, the rendered configuration, the checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from fibers.databus.callbacks import Callback, Result, WindowFailed
+from fibers.databus.config import ConfigError, ConsumerConfig
+from fibers.databus.deployments import SINK_URI_ENV, deployment, render_config
+from fibers.databus.driver import CallbackDriver, CallbackTimeout
+from fibers.databus.events import ChangeEvent
+from fibers.databus.testing import Feeder, change
+
+
+def test_the_driver_runs_every_callback_at_once_on_its_own_thread() -> None:
+    both_running = threading.Barrier(2, timeout=5)  # passes only if the two calls overlap
+    names: list[str] = []
+
+    def work(index: int) -> int:
+        names.append(threading.current_thread().name)
+        both_running.wait()
+        return index * 10
+
+    driver = CallbackDriver(2, timeout=10)
+    try:
+        assert driver.each(work) == [0, 10]
+        assert sorted(names) == ["callback-0_0", "callback-1_0"]
+    finally:
+        driver.close()
+
+
+def test_a_hung_callback_times_out_alone_and_is_abandoned() -> None:
+    release = threading.Event()
+    abandoned: list[bool] = []
+
+    def work(index: int) -> str:
+        if index == 1:
+            release.wait(10)
+            abandoned.append(driver.abandoned())
+            return "late"
+        return "done"
+
+    driver = CallbackDriver(2, timeout=0.3)
+    try:
+        first, second = driver.each(work)
+        assert first == "done"
+        assert isinstance(second, CallbackTimeout)
+        release.set()
+        deadline = time.monotonic() + 5
+        while not abandoned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert abandoned == [True]  # the late thread knows it must stop
+        assert driver.each(lambda i: i) == [0, 1]  # a new thread serves the next call
+    finally:
+        driver.close()
+
+
+def test_failures_are_returned_per_callback_and_all_raises_the_first() -> None:
+    def work(index: int) -> int:
+        if index == 1:
+            raise ValueError("sink 1 refused")
+        return index
+
+    driver = CallbackDriver(3, timeout=5)
+    try:
+        outcomes = driver.each(work)
+        assert outcomes[0] == 0 and outcomes[2] == 2
+        assert isinstance(outcomes[1], ValueError)
+        with pytest.raises(ValueError, match="sink 1 refused"):
+            driver.all(work)
+    finally:
+        driver.close()
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"},
+        "spec": {"sources": ["shop.public.orders"], **spec},
+    }
+
+
+def mongo(name: str | None = None, secret: str = "mongo") -> dict[str, Any]:
+    sink = {"type": "mongodb", "uriSecretRef": {"name": secret, "key": "uri"}, "database": "shop", "collection": "o"}
+    return {**sink, "name": name} if name else sink
+
+
+def test_each_sink_gets_its_own_uri_variable_and_secret_reference() -> None:
+    spec = body(sinks=[mongo("view"), {"type": "kafka", "topic": "orders-out"}, mongo("copy", secret="other")])
+    config = render_config(spec, instance=0, topics=["shop.public.orders"], kafka_bootstrap="kafka:9092")
+    sinks = config["sinks"]
+    assert [s["name"] for s in sinks] == ["view", "kafka", "copy"]
+    assert [s.get("uriEnv") for s in sinks] == [SINK_URI_ENV, None, "FIBERS_SINK_2_URI"]
+    assert all("uriSecretRef" not in s for s in sinks)  # only references, in the pod's env
+    env = deployment(spec, instance=0, config=config, image="job", service_account=None)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e}
+    assert refs == {SINK_URI_ENV: "mongo", "FIBERS_SINK_2_URI": "other"}
+    parsed = ConsumerConfig.from_dict(config).check()
+    assert [s["field"] for s in parsed.sinks] == ["spec.sinks[0]", "spec.sinks[1]", "spec.sinks[2]"]
+
+
+def test_the_one_sink_form_renders_as_a_list_of_one() -> None:
+    config = render_config(body(sink=mongo()), instance=0, topics=["t"], kafka_bootstrap="kafka:9092")
+    parsed = ConsumerConfig.from_dict(config).check()
+    assert [(s["name"], s["field"], s["uriEnv"]) for s in parsed.sinks] == [("mongodb", "spec.sink", SINK_URI_ENV)]
+
+
+@pytest.mark.parametrize(
+    ("sinks", "message"),
+    [
+        ([mongo(), mongo()], "spec.sinks: names must be distinct"),
+        ([mongo("a"), {**mongo("b"), "database": "a.b"}], "spec.sinks[1].database"),
+        ([{"type": "kafka", "topic": "no spaces"}], "spec.sinks[0].topic"),
+    ],
+)
+def test_sinks_that_cannot_run_are_refused_naming_the_entry(sinks: list[dict[str, Any]], message: str) -> None:
+    config = render_config(body(sinks=sinks), instance=0, topics=["t"], kafka_bootstrap="kafka:9092")
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ConsumerConfig.from_dict(config).check()
+
+
+class Journal(Callback):
+    """Records the Databus calls it gets; refuses a row whose key is "bad"."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def on_start_data_event_sequence(self, scn: int) -> Result:
+        self.calls.append(("start", scn))
+        return Result.SUCCESS
+
+    def on_data_event(self, event: ChangeEvent) -> Result:
+        self.calls.append(("event", event.key))
+        return Result.ERROR if event.key == "bad" else Result.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> Result:
+        self.calls.append(("end", scn))
+        return Result.SUCCESS
+
+    def on_rollback(self, scn: int) -> Result:
+        self.calls.append(("rollback", scn))
+        return Result.SUCCESS
+
+
+def test_the_feeder_calls_a_callback_in_the_runtimes_order_and_rolls_back_a_failed_window() -> None:
+    journal = Journal()
+    feeder = Feeder(journal)
+    feeder.window([change("1", {"v": 1}, scn=7, window="tx"), change("2", {"v": 2}, scn=7, window="tx")])
+    assert journal.calls == [("start", 7), ("event", "1"), ("event", "2"), ("end", 7)]
+    journal.calls.clear()
+    with pytest.raises(WindowFailed):
+        feeder.window([change("3", {"v": 3}, scn=8), change("bad", {"v": 0}, scn=8)])
+    assert journal.calls == [("start", 8), ("event", "3"), ("event", "bad"), ("rollback", 7)]
+    assert feeder.rollbacks == [7] and feeder.checkpoint == 7
+    feeder.stop()
