@@ -89,13 +89,8 @@ class Recorder(Callback):
         self.note("rollback", scn)
         return Result.SUCCESS
 
-    def on_bootstrap_error(self, error):
-        self.note("error", str(error))
-        return Result.SUCCESS
-
-    def on_bootstrap_rollback(self, scn):
-        self.note("rollback", scn)
-        return Result.SUCCESS
+    on_bootstrap_error = on_error
+    on_bootstrap_rollback = on_rollback
 '''
 
 
