@@ -657,9 +657,9 @@ class ConnectSync:
             raise  # the validation found nothing to name: Connect's own message stands
 
     async def _validate(self, client: ConnectClient, target: Target) -> None:
-        """Kafka Connect's validation of the spec's config; errors raise InvalidConfig naming fields."""
+        """Kafka Connect's validation of the spec's config (its class was checked before the change);
+        errors raise InvalidConfig naming fields."""
         assert target.spec is not None
-        self._check_class(target)
         spec = target.spec
         try:
             result = await client.validate(spec.connector_class, target.config)

@@ -181,6 +181,37 @@ def window_dispatcher(callback: Callback) -> WindowDispatcher:
     return whole
 
 
+def call(hook: Callable[..., Result], *args: Any) -> Result:
+    """One callback; ERROR raises WindowFailed naming it."""
+    result = hook(*args)
+    if result is Result.ERROR:
+        raise WindowFailed(f"{hook.__name__} returned ERROR")
+    return result
+
+
+def end_batch(callback: Callback) -> None:
+    """Let a buffered sink (sinks.WindowSink) write the windows it completed; raises when it cannot."""
+    hook = getattr(callback, "on_end_batch", None)
+    if hook is not None:
+        hook()
+
+
+def bootstrap_page(
+    callback: Callback, events: list[ChangeEvent], scn: int, abandoned: Callable[[], bool] = lambda: False
+) -> None:
+    """A bootstrap page (snapshot rows or logged changes) in the Databus bootstrap call order, then a buffered
+    sink writes it. `abandoned` is asked after each row: when it says so the page stops (the runtime's
+    callback driver gave up on this thread, and a replay delivers the page)."""
+    call(callback.on_start_bootstrap_sequence, scn)
+    for event in events:
+        call(callback.on_bootstrap_event, event)
+        if abandoned():
+            raise TimeoutError("abandoned after the timeout")
+    call(callback.on_end_bootstrap_sequence, scn)
+    end_batch(callback)
+    call(callback.on_bootstrap_checkpoint, scn)
+
+
 def load(spec: str, options: dict[str, Any]) -> Callback:
     """A user callback given as "package.module:Class", constructed with the sink options."""
     module_name, _, class_name = spec.partition(":")

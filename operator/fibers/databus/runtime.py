@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ from pymongo import MongoClient
 
 from fibers import lineage, termination
 from fibers.databus import sinks
-from fibers.databus.callbacks import Callback, Result, Singles, WindowFailed, window_dispatcher
+from fibers.databus.callbacks import Callback, Result, Singles, bootstrap_page, call, end_batch, window_dispatcher
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
@@ -212,12 +212,6 @@ class Runtime:
 
     # ----- plumbing ------------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[..., Result], *args: Any) -> Result:
-        result = fn(*args)
-        if result is Result.ERROR:
-            raise WindowFailed(f"{fn.__name__} returned ERROR")
-        return result
-
     def _owned_partitions(self, topic: str) -> list[int]:
         metadata = self.consumer.list_topics(topic, timeout=30)
         info = metadata.topics.get(topic)
@@ -245,7 +239,7 @@ class Runtime:
 
     def _hook(self, name: str, *args: Any) -> None:
         """Call a start or stop hook of every callback, each on its thread; any failure stops the consumer."""
-        self.driver.all(lambda i: self._call(getattr(self.callbacks[i], name), *args))
+        self.driver.all(lambda i: call(getattr(self.callbacks[i], name), *args))
 
     def _tell(self, name: str, *args: Any) -> None:
         """Tell every callback of a failure (on_error, on_rollback and their bootstrap twins)."""
@@ -425,7 +419,7 @@ class Runtime:
         """
         tries = 0
         while True:
-            outcomes = self.driver.each(lambda i: self._bootstrap_page(i, events, scn))
+            outcomes = self.driver.each(lambda i: bootstrap_page(self.callbacks[i], events, scn, self.driver.abandoned))
             if exc := self._first_failure(outcomes):  # any failure of a page rolls it back, as for windows
                 tries += 1
                 first = events[0]
@@ -442,21 +436,9 @@ class Runtime:
             self.events_processed += len(events)
             return
 
-    def _bootstrap_page(self, index: int, events: list[ChangeEvent], scn: int) -> None:
-        """In callback `index`'s thread: a page in the Databus bootstrap call order, then a buffered sink writes it."""
-        callback = self.callbacks[index]
-        self._call(callback.on_start_bootstrap_sequence, scn)
-        for event in events:
-            self._call(callback.on_bootstrap_event, event)
-            if self.driver.abandoned():  # timed out: the replay delivers this page
-                raise CallbackTimeout("abandoned after the timeout")
-        self._call(callback.on_end_bootstrap_sequence, scn)
-        self._end_batch(index)
-        self._call(callback.on_bootstrap_checkpoint, scn)
-
     def _first_failure(self, outcomes: list[Any]) -> BaseException | None:
-        """The first callback's failure among `each`'s outcomes, named by its sink when there are several;
-        every failure is counted in its sink's figures."""
+        """The first failure among the callbacks' outcomes (an exception, or anything else for none), named
+        by its sink when there are several; every failure is counted in its sink's figures."""
         first: BaseException | None = None
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, BaseException):
@@ -690,7 +672,7 @@ class Runtime:
                 return [], CallbackTimeout("abandoned after the timeout")
         if results:
             try:
-                self._end_batch(index)  # a buffered sink writes the successful windows now
+                end_batch(self.callbacks[index])  # a buffered sink writes the successful windows now
             except Exception as exc:  # nothing of this batch is known to be applied
                 return [], exc
         stats = self.sink_stats[index]
@@ -700,28 +682,12 @@ class Runtime:
 
     def _combine(self, windows: list[list[ChangeEvent]], outcomes: list[Any]) -> BatchOutcome:
         """The batch as far as every callback got: a window counts only when all of them succeeded."""
-        if len(outcomes) == 1 and not isinstance(outcomes[0], BaseException):  # one sink: the hot path
-            results, error = outcomes[0]
-            if error is not None:
-                self._count_failure(0, error)
-            return BatchOutcome.of(windows, results, error, self._timelines)
-        combined: list[Result] | None = None
-        failure: BaseException | None = None
-        for index, outcome in enumerate(outcomes):
-            results, error = ([], outcome) if isinstance(outcome, BaseException) else outcome
-            if error is not None:
-                self._count_failure(index, error)
-                failure = failure or self._named(index, error)
-            # zip stops at the shorter: the windows every callback got through
-            combined = (
-                results if combined is None else [_stricter(a, b) for a, b in zip(combined, results, strict=False)]
-            )
-        return BatchOutcome.of(windows, combined or [], failure, self._timelines)
-
-    def _end_batch(self, index: int) -> None:
-        end_batch = getattr(self.callbacks[index], "on_end_batch", None)
-        if end_batch is not None:
-            end_batch()
+        done = [([], o) if isinstance(o, BaseException) else o for o in outcomes]  # (results, error) each
+        failure = self._first_failure([error for _, error in done])
+        combined = done[0][0]
+        for results, _ in done[1:]:  # zip stops at the shorter: the windows every callback got through
+            combined = [_stricter(a, b) for a, b in zip(combined, results, strict=False)]
+        return BatchOutcome.of(windows, combined, failure, self._timelines)
 
     def _rollback(
         self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int], exc: BaseException

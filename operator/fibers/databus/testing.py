@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fibers.databus.callbacks import Callback, Result, WindowFailed, window_dispatcher
+from fibers.databus.callbacks import Callback, Result, bootstrap_page, call, end_batch, window_dispatcher
 from fibers.databus.events import ChangeEvent
 
 
@@ -63,7 +63,7 @@ class Feeder:
         self.rollbacks: list[int] = []  # the SCNs `rollback` was called with
         self.checkpoint = -1  # the SCN of the last window the callback applied
         self._dispatch = window_dispatcher(callback)
-        self._result(callback.on_start_consumption(), "on_start_consumption")
+        call(callback.on_start_consumption)
 
     def window(self, events: list[ChangeEvent]) -> Result:
         """Dispatch one window (a source transaction) and let a buffered sink write it; the callback's
@@ -72,7 +72,7 @@ class Feeder:
         results: list[Result] = []
         try:
             self._dispatch(events, results)
-            self._end_batch()
+            end_batch(self.callback)
         except Exception as exc:
             self.callback.on_error(exc)
             self.rollback()
@@ -83,13 +83,7 @@ class Feeder:
     def bootstrap(self, events: list[ChangeEvent]) -> None:
         """Deliver a bootstrap page (snapshot rows or logged changes) through the bootstrap callbacks."""
         scn = max(event.scn for event in events)
-        callback = self.callback
-        self._result(callback.on_start_bootstrap_sequence(scn), "on_start_bootstrap_sequence")
-        for event in events:
-            self._result(callback.on_bootstrap_event(event), "on_bootstrap_event")
-        self._result(callback.on_end_bootstrap_sequence(scn), "on_end_bootstrap_sequence")
-        self._end_batch()
-        self._result(callback.on_bootstrap_checkpoint(scn), "on_bootstrap_checkpoint")
+        bootstrap_page(self.callback, events, scn)
         self.checkpoint = max(self.checkpoint, scn)
 
     def rollback(self) -> None:
@@ -102,13 +96,3 @@ class Feeder:
             self.callback.on_stop_consumption()
         finally:
             self.callback.close()
-
-    def _end_batch(self) -> None:
-        end_batch = getattr(self.callback, "on_end_batch", None)
-        if end_batch is not None:
-            end_batch()
-
-    @staticmethod
-    def _result(result: Result, name: str) -> None:
-        if result is Result.ERROR:
-            raise WindowFailed(f"{name} returned ERROR")
