@@ -794,8 +794,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     session = Run("chaos")
-    say("starting (or reusing) the local stack")
-    info = stack.up()
+    info = session.stack()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     crds.apply(api)
     figures: dict[str, Any] = {}

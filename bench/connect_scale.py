@@ -326,8 +326,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     session = Run("connect_scale")
-    say("starting (or reusing) the local stack")
-    info = stack.up()
+    info = session.stack()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     crds.apply(api)
     workdir = Path(tempfile.mkdtemp(prefix="fibers-bench-"))

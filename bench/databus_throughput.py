@@ -46,6 +46,7 @@ from fibers.databus import tuning
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.events import ChangeEvent, parse_json
+from fibers.databus.ownership import lease_name
 from fibers.databus.runtime import Runtime
 from fibers.databus.sinks import MongoSink
 from fibers.databus.store import BootstrapStore, bulk_write
@@ -114,9 +115,11 @@ class NoopSink(Callback):
 
 
 def run_runtime(
-    info: stack.StackInfo, api: kubeapi.Api, topic: str, n: int, callback: Callback, **extra: Any
+    info: stack.StackInfo, api: kubeapi.Api, topic: str, n: int, callback: Callback | None, **extra: Any
 ) -> tuple[float, float]:
-    """Run the runtime in a thread until it has processed n events: (events/s, ConfigMap writes/s)."""
+    """Run the runtime in a thread until it has processed n events: (events/s, ConfigMap writes/s).
+
+    `callback`: the one sink; None runs the sinks `extra` configures (`sinks=[…]`)."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
     cfg = ConsumerConfig.from_dict(
         {
@@ -144,8 +147,18 @@ def run_runtime(
     thread.join(60)
     if runtime.events_processed < n:
         raise RuntimeError(f"the runtime processed {runtime.events_processed} of {n} events")
-    api.delete(kubeapi.path("v1", "configmaps", "default", f"{name}-checkpoint"))
+    remove_state(api, runtime)
     return n / elapsed, writes / elapsed
+
+
+def remove_state(api: kubeapi.Api, runtime: Runtime) -> None:
+    """What a runtime run in a benchmark leaves behind: its checkpoint ConfigMap and its partitions' Leases."""
+    config = runtime.config
+    api.delete(kubeapi.path("v1", "configmaps", config.namespace, config.checkpoint_config_map))
+    for topic, partitions in runtime.partitions.items():
+        for partition in partitions:
+            name = lease_name(config.name, topic, partition)
+            api.delete(kubeapi.path("coordination.k8s.io/v1", "leases", config.namespace, name))
 
 
 def bootstrap_rate(info: stack.StackInfo, api: kubeapi.Api, rows: int) -> float:
@@ -192,8 +205,7 @@ def main() -> int:
     args = parser.parse_args()
 
     session = Run("databus_throughput")
-    say("starting (or reusing) the local stack")
-    info = stack.up()
+    info = session.stack()
     api = kubeapi.Api(kubeapi.from_kubeconfig(info.kubeconfig))
     topic = f"bench-{uuid.uuid4().hex[:6]}"
     say(f"producing {args.events} records to {topic}")

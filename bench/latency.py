@@ -42,6 +42,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import fibers_stack as stack
+from bench.databus_throughput import remove_state
 from bench.machine import Run, say
 from fibers import kubeapi
 from fibers.databus.callbacks import Result
@@ -194,7 +195,7 @@ def measure(
             drop_slot(info.postgres_dsn, table)  # max_replication_slots is small: leave none behind
             pg.execute(f"DROP TABLE {table}")
             with contextlib.suppress(kubeapi.ApiError):
-                api.delete(kubeapi.path("v1", "configmaps", "default", f"{name}-checkpoint"))
+                remove_state(api, runtime)
     missing = [i for i in range(count) if i not in sink.written]
     if missing:
         raise RuntimeError(f"{len(missing)} of {count} changes never reached MongoDB")
@@ -219,8 +220,7 @@ def main() -> int:
     args = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in args.debezium)
     session = Run("latency")
-    say("starting (or reusing) the local stack")
-    info = stack.up()
+    info = session.stack()
     api = kubeapi.Api(kubeapi.from_kubeconfig(info.kubeconfig))
     results: dict[str, Any] = {"seconds": args.seconds, "debezium_overrides": overrides}
     for rate in (float(r) for r in args.rates.split(",")):

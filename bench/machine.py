@@ -8,10 +8,18 @@ the load average (1, 5 and 15 minutes) before and after, and how long the run to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import fibers_stack
+from fibers_stack import StackInfo
 
 
 def say(message: str) -> None:
@@ -32,6 +40,11 @@ class Run:
         self.load_before = load_average()
         say(f"{benchmark}: {os.cpu_count()} CPUs, load average {self.load_before} (1, 5, 15 min)")
 
+    def stack(self) -> StackInfo:
+        """The local stack, started now or already running."""
+        say("starting (or reusing) the local stack")
+        return fibers_stack.up()
+
     def machine(self) -> dict[str, Any]:
         """The machine's figures for the report, read now."""
         after = load_average()
@@ -46,3 +59,21 @@ class Run:
     def report(self, results: dict[str, Any]) -> None:
         """Print the last line: one JSON object with every figure and the machine's load."""
         print(json.dumps({"benchmark": self.benchmark, **results, "machine": self.machine()}), flush=True)
+
+
+@contextlib.contextmanager
+def operator_process(info: StackInfo, namespace: str, log_file: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The operator as a process of its own watching `namespace` (pods run as the chart's job account),
+    logging to `log_file`; stopped on leaving."""
+    with log_file.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fibers", "run", "-n", namespace],
+            stdout=log,
+            stderr=log,
+            env={**os.environ, **info.env(), "FIBERS_JOB_SERVICE_ACCOUNT": "fibers-job"},
+        )
+        try:
+            yield process
+        finally:
+            process.terminate()
+            process.wait(30)

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,7 +31,7 @@ from confluent_kafka import Producer
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from bench.machine import Run, say
+from bench.machine import Run, operator_process, say
 from fibers_stack import crds, namespaces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,8 +197,7 @@ def main() -> int:
     args = parser.parse_args()
 
     session = Run("transform_overhead")
-    say("starting (or reusing) the local stack")
-    info = stack.up()
+    info = session.stack()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     crds.apply(api)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
@@ -213,31 +209,22 @@ def main() -> int:
     say(f"producing {args.records} records to {topic}")
     produce(info.kafka_bootstrap, topic, args.records)
 
-    log = open(work / "operator.log", "wb")  # noqa: SIM115
-    operator = subprocess.Popen(
-        [sys.executable, "-m", "fibers", "run", "-n", namespace],
-        stdout=log,
-        stderr=log,
-        env={**os.environ, **info.env(), "FIBERS_JOB_SERVICE_ACCOUNT": "fibers-job"},
-    )
-    time.sleep(3)
     handwritten, transforms, submits, drivers = [], [], [], []
     try:
-        for round_ in range(args.rounds):
-            handwritten.append(run_handwritten(api, info, namespace, work, topic))
-            say(f"round {round_ + 1}: hand-written SparkApplication {handwritten[-1]:.1f}s")
-            total, submitted, driver = run_transform(api, namespace, topic)
-            transforms.append(total)
-            submits.append(submitted)
-            drivers.append(driver)
-            say(
-                f"round {round_ + 1}: Transform {total:.1f}s (SparkApplication after {submitted:.2f}s, "
-                f"driver Running after {driver:.1f}s)"
-            )
+        with operator_process(info, namespace, work / "operator.log"):
+            time.sleep(3)
+            for round_ in range(args.rounds):
+                handwritten.append(run_handwritten(api, info, namespace, work, topic))
+                say(f"round {round_ + 1}: hand-written SparkApplication {handwritten[-1]:.1f}s")
+                total, submitted, driver = run_transform(api, namespace, topic)
+                transforms.append(total)
+                submits.append(submitted)
+                drivers.append(driver)
+                say(
+                    f"round {round_ + 1}: Transform {total:.1f}s (SparkApplication after {submitted:.2f}s, "
+                    f"driver Running after {driver:.1f}s)"
+                )
     finally:
-        operator.terminate()
-        operator.wait(30)
-        log.close()
         client.CoreV1Api(api).delete_namespace(namespace)
     results: dict[str, Any] = {
         "records": args.records,

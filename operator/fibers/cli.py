@@ -47,7 +47,9 @@ def _consume(args: argparse.Namespace) -> int:
     from fibers import termination
     from fibers.databus import tuning
     from fibers.databus.config import ConsumerConfig
+    from fibers.databus.ownership import Members
     from fibers.databus.runtime import Runtime
+    from fibers.databus.workload import POD_NAME_ENV, POD_UID_ENV
     from fibers.kubeapi import Api
 
     raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")
@@ -62,7 +64,10 @@ def _consume(args: argparse.Namespace) -> int:
         termination.write(message)
         return 2
     try:
-        runtime = Runtime(config, Api())
+        api = Api()
+        pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV, "")  # in the StatefulSet's pods
+        members = Members.of_pod(api, config.namespace, config.name, pod, uid) if pod else None
+        runtime = Runtime(config, api, members=members)
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
         return _crashed(exc, config.secrets())

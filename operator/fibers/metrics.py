@@ -1,5 +1,5 @@
 """Prometheus metrics of the operator: reconciles per kind, their duration and errors, and the states
-of what it runs (connectors, consumer lag). Served by `fibers run --metrics-port`.
+of what it runs (connectors, consumer lag, each consumer sink's figures). Served by `fibers run --metrics-port`.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -28,7 +29,34 @@ CONSUMER_EVENTS = Gauge(
     "fibers_databus_events_processed", "Events dispatched by running instances.", ["namespace", "name"]
 )
 
+# Each sink of a consumer (spec.sinks, or the one spec.sink), summed over its running instances as they
+# record them with their checkpoints: gauges, because an instance that restarts counts from zero again.
+SINK_WINDOWS = Gauge(
+    "fibers_databus_sink_windows", "Windows the sink applied (running instances).", ["namespace", "name", "sink"]
+)
+SINK_ERRORS = Gauge(
+    "fibers_databus_sink_errors", "Windows or pages the sink failed (ERROR or raised).", ["namespace", "name", "sink"]
+)
+SINK_TIMEOUTS = Gauge(
+    "fibers_databus_sink_timeouts",
+    "Batches the sink did not finish in the callback timeout.",
+    ["namespace", "name", "sink"],
+)
+SINK_BATCH_SECONDS = Gauge(
+    "fibers_databus_sink_last_batch_seconds", "The sink's last batch, slowest instance.", ["namespace", "name", "sink"]
+)
+
 _last_state: dict[tuple[str, str], str] = {}
+
+
+def consumer_sinks(namespace: str, name: str, sinks: list[dict[str, Any]]) -> None:
+    """Each sink's figures as a DatabusConsumer's status.sinks has them."""
+    for sink in sinks:
+        labels = (namespace, name, str(sink["name"]))
+        SINK_WINDOWS.labels(*labels).set(sink.get("windows", 0))
+        SINK_ERRORS.labels(*labels).set(sink.get("errors", 0))
+        SINK_TIMEOUTS.labels(*labels).set(sink.get("timeouts", 0))
+        SINK_BATCH_SECONDS.labels(*labels).set(sink.get("lastBatchSeconds", 0.0))
 
 
 @contextmanager

@@ -120,12 +120,19 @@ def operator_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def operator_args() -> tuple[str, ...]:
+    """More `fibers run` arguments for this module's operator (a module overrides this fixture)."""
+    return ()
+
+
+@pytest.fixture(scope="module")
 def operator(
     stack_info: StackInfo,
     namespace: str,
     connect_cluster: str,
     schema_registry: str,
     operator_env: dict[str, str],
+    operator_args: tuple[str, ...],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     log_file = tmp_path_factory.mktemp("operator") / "operator.log"
@@ -139,7 +146,7 @@ def operator(
         "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,
         **operator_env,
     }
-    op = OperatorProcess(stack_info, namespace, log_file, env)
+    op = OperatorProcess(stack_info, namespace, log_file, env, operator_args)
     op.start()
     time.sleep(1)
     yield op

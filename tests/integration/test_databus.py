@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -35,6 +37,14 @@ from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.databus
 PG = psycopg.Connection[tuple[Any, ...]]
+
+
+METRICS_PORT = 19_000 + os.getpid() % 1000  # this module's operator serves its metrics here
+
+
+@pytest.fixture(scope="module")
+def operator_args() -> tuple[str, ...]:
+    return ("--metrics-port", str(METRICS_PORT))
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +152,13 @@ def test_one_consumer_feeds_two_sinks_from_one_read(
     except AssertionError as exc:
         raise AssertionError(f"{exc}; status.sinks is {consumers.status(unique).get('sinks')}") from None
     assert all(x["errors"] == 0 and x["timeouts"] == 0 for x in status["sinks"])
+    # The same figures as metrics, for alerts: one series per sink.
+    scraped = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).text
+    for sink in ("view", "kafka"):
+        labels = f'name="{unique}",namespace="{consumers.namespace}",sink="{sink}"'
+        windows = re.search(rf"fibers_databus_sink_windows\{{{labels}\}} ([0-9.e+]+)", scraped)
+        assert windows and float(windows.group(1)) > 0, f"no windows of sink {sink} in the operator's metrics"
+        assert f"fibers_databus_sink_errors{{{labels}}} 0.0" in scraped
 
 
 def consumer_pod(kube: ApiClient, namespace: str, name: str) -> client.V1Pod | None:
@@ -166,7 +183,7 @@ def test_consumer_pods_deleted_and_killed_lose_nothing(
     namespace: str,
     unique: str,
 ) -> None:
-    """A real pod from the job image: deleted (the Deployment makes another), then its container killed
+    """A real pod from the job image: deleted (the StatefulSet makes another), then its container killed
     (the kubelet restarts it). Each time the view catches up with the table from the checkpoint."""
     mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
     consumers.create(unique, {"sources": [cdc["topic"]], "sink": mongo_sink(mongo_secret, unique, "orders")})
@@ -192,7 +209,7 @@ def test_consumer_pods_deleted_and_killed_lose_nothing(
     replacement = wait_for(
         lambda: (p := consumer_pod(kube, namespace, unique)) and p.metadata.uid != pod.metadata.uid and p,
         timeout=120,
-        what="the Deployment's new pod",
+        what="the StatefulSet's new pod",
     )
     container_id = replacement.status.container_statuses[0].container_id.removeprefix("containerd://")
     node.ctr(Path(stack_info.run_dir), "tasks", "kill", "-s", "SIGKILL", container_id)
@@ -558,7 +575,7 @@ def test_a_collection_mongodb_refuses_is_invalid_spec_and_nothing_runs(
     assert cond["message"].startswith("spec.sink.collection: 'system.users' is not a collection name")
     assert consumers.condition(unique, "Stalled")["status"] == "True"
     apps = client.AppsV1Api(kube)
-    assert not apps.list_namespaced_deployment(namespace, label_selector=f"fibers.dev/databusconsumer={unique}").items
+    assert not apps.list_namespaced_stateful_set(namespace, label_selector=f"fibers.dev/databusconsumer={unique}").items
     assert "Traceback" not in operator.log()
 
 

@@ -127,7 +127,7 @@ def test_every_invalid_spec_is_refused_or_answered_invalid_and_nothing_runs(
     assert len(refused) + len(accepted) == PER_KIND + len(semantic)
 
     # Nothing ran for any of them.
-    apps = client.AppsV1Api(kube).list_namespaced_deployment(namespace).items
+    apps = client.AppsV1Api(kube).list_namespaced_stateful_set(namespace).items
     assert not apps, [d.metadata.name for d in apps]
     spark = custom.list_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", namespace, "sparkapplications")
     assert not spark["items"]

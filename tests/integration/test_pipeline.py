@@ -143,10 +143,10 @@ def test_a_missing_reference_is_a_condition_and_nothing_runs(
     expected = f"Connect {unique}-nope (spec.sourceRefs[0].connectRef) does not exist in namespace {namespace}"
     assert (upstream["status"], upstream["reason"], upstream["message"]) == ("False", "UpstreamMissing", expected)
     assert expected in ready["message"]
-    deployments = client.AppsV1Api(kube).list_namespaced_deployment(
+    instances = client.AppsV1Api(kube).list_namespaced_stateful_set(
         namespace, label_selector=f"fibers.dev/databusconsumer={unique}"
     )
-    assert deployments.items == []
+    assert instances.items == []
 
     transforms.create(
         f"{unique}-t",

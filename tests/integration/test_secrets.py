@@ -4,8 +4,8 @@ Guards every value Fibers takes from a Secret — MongoDB URIs with credentials 
 a DatabusConsumer's sink and bootstrap store), one pointing at a closed port, a bare password put where
 a URI belongs (pymongo then names it in its errors), and Connect secretConfig values — across Connect,
 Transform and DatabusConsumer: none may appear in the resources (status included), Events, the
-operator's log, any pod's log or termination message, ConfigMaps, SparkApplications, pod and Deployment
-specs (whose environment takes secrets by secretKeyRef only), or the OpenLineage topic. Where an error
+operator's log, any pod's log or termination message, ConfigMaps, Leases, SparkApplications, pod and
+StatefulSet specs (whose environment takes secrets by secretKeyRef only), or the OpenLineage topic. Where an error
 that carried one is shown, the value is replaced by *** and the text around it is kept.
 """
 
@@ -135,7 +135,7 @@ class Surfaces:
     lineage_topic: str
 
     def gather(self) -> tuple[dict[str, str], list[dict[str, Any]]]:
-        """The text of every place, by place; and the pod specs (pods, Deployment and ReplicaSet templates)."""
+        """The text of every place, by place; and the pod specs (pods, and workloads' pod templates)."""
         core, apps = client.CoreV1Api(self.kube), client.AppsV1Api(self.kube)
         custom = client.CustomObjectsApi(self.kube)
         ns, as_dict = self.namespace, self.kube.sanitize_for_serialization
@@ -148,10 +148,13 @@ class Surfaces:
             places[f"event {i} about {about}"] = f"{event.reason}: {event.message}"
         for cm in core.list_namespaced_config_map(ns).items:
             places[f"configmaps/{cm.metadata.name}"] = json.dumps(as_dict(cm))
+        for lease in client.CoordinationV1Api(self.kube).list_namespaced_lease(ns).items:  # consumers' partitions
+            places[f"leases/{lease.metadata.name}"] = json.dumps(as_dict(lease))
         for app in custom.list_namespaced_custom_object(*SPARK_APPS[:2], ns, SPARK_APPS[2])["items"]:
             places[f"sparkapplications/{app['metadata']['name']}"] = json.dumps(app)
         templates: list[dict[str, Any]] = []
         for kind, items in (
+            ("statefulsets", apps.list_namespaced_stateful_set(ns).items),
             ("deployments", apps.list_namespaced_deployment(ns).items),
             ("replicasets", apps.list_namespaced_replica_set(ns).items),
         ):
@@ -458,7 +461,7 @@ def test_consumer_sink_and_bootstrap_store_uris_are_used_by_reference_and_a_fail
         (f"{t}-view", {"FIBERS_SINK_MONGODB_URI": "mongo-sink", "FIBERS_BOOTSTRAP_MONGODB_URI": "mongo-store"}),
         (f"{t}-failing", {"FIBERS_SINK_MONGODB_URI": "mongo-closed", "FIBERS_BOOTSTRAP_MONGODB_URI": "mongo-wrongkey"}),
     ):
-        [container] = apps.read_namespaced_deployment(f"{name}-0", namespace).spec.template.spec.containers
+        [container] = apps.read_namespaced_stateful_set(name, namespace).spec.template.spec.containers
         refs = {e.name: e.value_from.secret_key_ref.name for e in container.env if URI_ENV.match(e.name)}
         assert refs == wanted
 

@@ -10,10 +10,10 @@ import pytest
 
 from fibers.databus.callbacks import Callback, Result, WindowFailed
 from fibers.databus.config import ConfigError, ConsumerConfig
-from fibers.databus.deployments import SINK_URI_ENV, deployment, render_config
 from fibers.databus.driver import CallbackDriver, CallbackTimeout
 from fibers.databus.events import ChangeEvent
 from fibers.databus.testing import Feeder, change
+from fibers.databus.workload import SINK_URI_ENV, render_config, statefulset
 
 
 def test_the_driver_runs_every_callback_at_once_on_its_own_thread() -> None:
@@ -90,22 +90,22 @@ def mongo(name: str | None = None, secret: str = "mongo") -> dict[str, Any]:
 
 def test_each_sink_gets_its_own_uri_variable_and_secret_reference() -> None:
     spec = body(sinks=[mongo("view"), {"type": "kafka", "topic": "orders-out"}, mongo("copy", secret="other")])
-    config = render_config(spec, instance=0, topics=["shop.public.orders"], kafka_bootstrap="kafka:9092")
+    config = render_config(spec, topics=["shop.public.orders"], kafka_bootstrap="kafka:9092")
     sinks = config["sinks"]
     assert [s["name"] for s in sinks] == ["view", "kafka", "copy"]
     assert [s.get("uriEnv") for s in sinks] == [SINK_URI_ENV, None, "FIBERS_SINK_2_URI"]
     assert all("uriSecretRef" not in s for s in sinks)  # only references, in the pod's env
-    env = deployment(spec, instance=0, config=config, image="job", service_account=None)["spec"]["template"]["spec"][
-        "containers"
-    ][0]["env"]
-    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e}
+    env = statefulset(spec, config=config, image="job", service_account=None)["spec"]["template"]["spec"]["containers"][
+        0
+    ]["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs == {SINK_URI_ENV: "mongo", "FIBERS_SINK_2_URI": "other"}
     parsed = ConsumerConfig.from_dict(config).check()
     assert [s["field"] for s in parsed.sinks] == ["spec.sinks[0]", "spec.sinks[1]", "spec.sinks[2]"]
 
 
 def test_the_one_sink_form_renders_as_a_list_of_one() -> None:
-    config = render_config(body(sink=mongo()), instance=0, topics=["t"], kafka_bootstrap="kafka:9092")
+    config = render_config(body(sink=mongo()), topics=["t"], kafka_bootstrap="kafka:9092")
     parsed = ConsumerConfig.from_dict(config).check()
     assert [(s["name"], s["field"], s["uriEnv"]) for s in parsed.sinks] == [("mongodb", "spec.sink", SINK_URI_ENV)]
 
@@ -119,7 +119,7 @@ def test_the_one_sink_form_renders_as_a_list_of_one() -> None:
     ],
 )
 def test_sinks_that_cannot_run_are_refused_naming_the_entry(sinks: list[dict[str, Any]], message: str) -> None:
-    config = render_config(body(sinks=sinks), instance=0, topics=["t"], kafka_bootstrap="kafka:9092")
+    config = render_config(body(sinks=sinks), topics=["t"], kafka_bootstrap="kafka:9092")
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         ConsumerConfig.from_dict(config).check()
 

@@ -108,7 +108,7 @@ def test_a_dataset_a_reference_resolved_names_the_resource_that_writes_it() -> N
 
 def test_a_consumers_sources_carry_their_producer_into_its_configuration() -> None:
     from fibers.databus.config import ConsumerConfig
-    from fibers.databus.deployments import render_config
+    from fibers.databus.workload import render_config
 
     body = {
         "metadata": {"name": "view", "namespace": "shop", "uid": "u"},
@@ -117,7 +117,6 @@ def test_a_consumers_sources_carry_their_producer_into_its_configuration() -> No
     producer = {"kind": "Connect", "name": "orders-cdc", "namespace": "shop"}
     config = render_config(
         body,
-        instance=0,
         topics=["shop.public.orders"],
         kafka_bootstrap="kafka:9092",
         producers={"shop.public.orders": producer, "shop.transaction": producer},

@@ -455,13 +455,14 @@ def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> 
 
 
 def _job_rules() -> dict[str, set[str]]:
+    """The job ServiceAccount's verbs by resource (`group/resource` outside the core group)."""
     text = (REPO / "charts" / "fibers" / "templates" / "_helpers.tpl").read_text()
     block = text.split('{{- define "fibers.jobRules" -}}', 1)[1].split("{{- end }}", 1)[0]
     rules: dict[str, set[str]] = {}
     for rule in yaml.safe_load(block):
-        assert rule["apiGroups"] == [""]
+        [group] = rule["apiGroups"]
         for resource in rule["resources"]:
-            rules.setdefault(resource, set()).update(rule["verbs"])
+            rules.setdefault(f"{group}/{resource}" if group else resource, set()).update(rule["verbs"])
     return rules
 
 
@@ -473,6 +474,12 @@ def test_the_job_role_lets_a_spark_driver_run_its_executors() -> None:
     assert {"list", "delete", "deletecollection"} <= rules["services"]
     assert {"list", "delete", "deletecollection"} <= rules["persistentvolumeclaims"]
     assert "secrets" not in rules  # secrets reach pods as references, never through the API
+
+
+def test_the_job_role_lets_consumer_pods_hold_partition_leases() -> None:
+    rules = _job_rules()
+    assert {"get", "create", "update"} <= rules["coordination.k8s.io/leases"]
+    assert rules["apps/statefulsets"] == {"get"}  # the number of instances, read; nothing else of the workload
 
 
 def test_the_example_transforms_fit_both_crds() -> None:

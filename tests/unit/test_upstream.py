@@ -9,7 +9,7 @@ import pytest
 
 from fibers import upstream
 from fibers.conditions import READY, Condition, with_upstream_note
-from fibers.databus.deployments import consumed_topics
+from fibers.databus.workload import consumed_topics
 from fibers.upstream import Ref, Upstream
 
 

@@ -90,10 +90,14 @@ exactly these permissions.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, update, delete]
-# DatabusConsumer: one Deployment per instance, found by label, created, patched and deleted.
+# DatabusConsumer: one StatefulSet of its instances, read, created, patched (template, replicas) and
+# deleted on a seek; the one Deployment per instance of earlier versions is found by label and deleted.
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, create, patch, delete]
+  verbs: [list, delete]
 # DatabusConsumer: its pods are listed to report an instance's exit and to wait out a seek.
 - apiGroups: [""]
   resources: [pods]
@@ -160,7 +164,9 @@ watches them, so a CRD installed after the operator starts is picked up.
 
 {{/*
 What job pods do with the job ServiceAccount (Spark executors run as it too, without its token).
-DatabusConsumer pods keep their checkpoint ConfigMap (read, create, compare-and-swap replace).
+DatabusConsumer pods keep their checkpoint ConfigMap (read, create, compare-and-swap replace), read
+their StatefulSet's replicas (how many instances share the partitions), and hold one Lease per
+partition they consume (read, create, renew and release by replace).
 A Transform's Spark driver (Spark 4.0 on Kubernetes, read from its fabric8 calls) writes the run's
 result ConfigMap (create, or replace when it exists); creates, watches, lists and deletes its executor
 pods, and labels them (get + patch) when they are kept; creates the ConfigMap it hands them; lists the
@@ -169,6 +175,12 @@ PersistentVolumeClaims it could reuse; and on exit deletes its executors, their 
 list and one delete each where that is refused.
 */}}
 {{- define "fibers.jobRules" -}}
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete, deletecollection]

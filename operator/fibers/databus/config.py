@@ -122,10 +122,6 @@ class ConsumerConfig:
             _check_database(str(self.bootstrap.get("database") or ""), "spec.bootstrap.database")
         return self
 
-    def owns(self, partition: int) -> bool:
-        """Exclusive ownership: instance i of n consumes the partitions p with p % n == i."""
-        return partition % self.instances == self.instance
-
 
 def _check_sink(sink: dict[str, Any], where: str) -> None:
     kind = sink.get("type")

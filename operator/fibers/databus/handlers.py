@@ -7,9 +7,9 @@ from typing import Any
 import kopf
 
 from fibers.api import GROUP, VERSION
-from fibers.databus import deployments
-from fibers.databus.deployments import PLURAL
+from fibers.databus import workload
 from fibers.databus.reconciler import DatabusReconciler
+from fibers.databus.workload import PLURAL
 from fibers.kubeapi import path
 from fibers.outages import api_outage_is_temporary
 
@@ -38,8 +38,8 @@ async def consumer_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Deployments go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
+    """The StatefulSet and the Leases go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
     if ((body["spec"].get("checkpoint") or {}).get("retention") or "Retain") != "Delete":
         return
-    name = deployments.checkpoint_config_map(dict(body))
+    name = workload.checkpoint_config_map(dict(body))
     await _reconciler(memo).kube.delete(path("v1", "configmaps", body["metadata"]["namespace"], name))

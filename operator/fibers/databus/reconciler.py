@@ -1,8 +1,9 @@
-"""The DatabusConsumer reconciler: Deployments in, checkpoint ConfigMap out.
+"""The DatabusConsumer reconciler: a StatefulSet in, checkpoint ConfigMap out.
 
-It keeps one Deployment per instance matching the spec, carries out seeks, and mirrors the
-checkpoints (written by the consumers themselves) into the resource's status. A malformed
-checkpoint is reported, never rewritten.
+It keeps the StatefulSet of the consumer's instances matching the spec (replacing the one
+Deployment per instance of earlier versions), carries out seeks, and mirrors the checkpoints
+(written by the consumers themselves) into the resource's status. A malformed checkpoint is
+reported, never rewritten.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 from fibers import conditions, metrics, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
-from fibers.databus import deployments
+from fibers.databus import workload
 from fibers.databus.checkpoint import CheckpointError, Checkpoints
 from fibers.databus.checkpoint_store import STATS_ANNOTATION
 from fibers.databus.config import ConsumerConfig
-from fibers.databus.deployments import LABEL_CONSUMER, PLURAL
+from fibers.databus.workload import LABEL_CONSUMER, LABEL_INSTANCE, PLURAL
 from fibers.kube import Kube
 from fibers.kubeapi import path
 from fibers.redact import redact, truncate
@@ -56,14 +57,26 @@ class DatabusReconciler:
             body = await self.kube.get_object(PLURAL, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
-            with metrics.reconciling(deployments.KIND):
+            with metrics.reconciling(workload.KIND):
                 await self._reconcile(body)
 
-    async def _deployments(self, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    async def _legacy(self, namespace: str, name: str) -> list[str]:
+        """The per-instance Deployments of an earlier version still there (replaced by the StatefulSet)."""
         found = await self.kube.items(
             path("apps/v1", "deployments", namespace), labelSelector=f"{LABEL_CONSUMER}={name}"
         )
-        return {str(d["metadata"]["name"]): d for d in found}
+        return [str(d["metadata"]["name"]) for d in found]
+
+    async def _retire_legacy(self, namespace: str, name: str, ctx: dict[str, Any]) -> bool:
+        """Delete an earlier version's Deployments; True once none of their pods runs.
+
+        Their pods take no Leases, so the StatefulSet's pods wait until they are gone.
+        """
+        for legacy in await self._legacy(namespace, name):
+            await self.kube.delete(path("apps/v1", "deployments", namespace, legacy))
+            log.info("per-instance Deployment replaced by the StatefulSet", extra={**ctx, "deployment": legacy})
+        selector = f"{LABEL_CONSUMER}={name},{LABEL_INSTANCE}"
+        return not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector)
 
     async def _registry_url(self, spec: dict[str, Any]) -> str | None:
         """The schema registry of spec.relay.avro (None: JSON values); ValueError names what is missing."""
@@ -81,15 +94,16 @@ class DatabusReconciler:
         namespace, name = meta["namespace"], meta["name"]
         status = dict(body.get("status") or {})
         ctx = {"namespace": namespace, "resource": name}
-        existing = await self._deployments(namespace, name)
+        sts_url = path("apps/v1", "statefulsets", namespace, name)
+        existing = await self.kube.read(sts_url)
 
         seek = spec.get("seek")
         if seek and seek["nonce"] != status.get("lastSeekNonce"):
-            await self._seek(body, existing, seek, ctx)
+            await self._seek(body, seek, ctx)
             status["lastSeekNonce"] = seek["nonce"]
             await self.kube.replace_status(PLURAL, namespace, name, status, body.get("status") or {})
             body["status"] = dict(status)
-            existing = {}
+            existing = None
         start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
 
         # What sourceRefs point at, read now: their topics, and whether they are healthy.
@@ -100,8 +114,8 @@ class DatabusReconciler:
         if event := upstream.transition(status.get("conditions"), health):
             self._post(body, *event)
         pinned = status.get("sources") if upstreams and status.get("timelines") else None
-        topics, waiting, moved = deployments.consumed_topics(spec, upstreams, pinned, namespace)
-        producers = deployments.producers(upstreams, namespace)
+        topics, waiting, moved = workload.consumed_topics(spec, upstreams, pinned, namespace)
+        producers = workload.producers(upstreams, namespace)
         if moved and (namespace, name, moved) not in self._told:
             self._told.add((namespace, name, moved))
             self._post(
@@ -111,17 +125,16 @@ class DatabusReconciler:
                 False,
             )
 
-        # Every instance's configuration is rendered and checked before any is touched: a spec that
-        # cannot run creates nothing and stops nothing (a running consumer keeps running), and neither
-        # does one whose topics are not known yet.
+        # The configuration is rendered and checked before anything is touched: a spec that cannot
+        # run creates nothing and stops nothing (a running consumer keeps running), and neither does
+        # one whose topics are not known yet.
         problem = ""
-        manifests: list[dict[str, Any]] = []
+        manifest: dict[str, Any] | None = None
         try:
             registry_url = await self._registry_url(spec)
-            for instance in range(int(spec.get("instances", 1)) if not waiting else 0):
-                config = deployments.render_config(
+            if not waiting:
+                config = workload.render_config(
                     body,
-                    instance=instance,
                     topics=topics,
                     producers=producers,
                     kafka_bootstrap=self.kafka_bootstrap,
@@ -130,32 +143,26 @@ class DatabusReconciler:
                     lineage=self.lineage,
                 )
                 ConsumerConfig.from_dict(config).check()  # what the pod would refuse, answered here
-                manifests.append(
-                    deployments.deployment(
-                        body,
-                        instance=instance,
-                        config=config,
-                        image=self.image,
-                        image_pull_policy=self.image_pull_policy,
-                        service_account=self.service_account,
-                    )
+                manifest = workload.statefulset(
+                    body,
+                    config=config,
+                    image=self.image,
+                    image_pull_policy=self.image_pull_policy,
+                    service_account=self.service_account,
                 )
         except ValueError as exc:
             problem = str(exc)
-        if not problem and not waiting:
-            for manifest in manifests:
-                await self._apply(manifest, existing.get(manifest["metadata"]["name"]), ctx)
-            wanted = {m["metadata"]["name"] for m in manifests}
-            for extra in set(existing) - wanted:
-                await self.kube.delete(path("apps/v1", "deployments", namespace, extra))
-                log.info("instance removed", extra={**ctx, "deployment": extra})
+        # An earlier version's Deployments are looked for only until the StatefulSet exists.
+        if manifest is not None and not problem and (existing or await self._retire_legacy(namespace, name, ctx)):
+            await self._apply(manifest, existing, ctx)
         if spec.get("restartNonce"):
             status["lastRestartNonce"] = spec["restartNonce"]
 
-        new_status = await self._observe(body, status, problem, waiting, topics, health)
+        new_status = await self._observe(body, status, problem, waiting, topics, health, existing)
         if "lag" in new_status:
             metrics.CONSUMER_LAG.labels(namespace, name).set(new_status["lag"])
             metrics.CONSUMER_EVENTS.labels(namespace, name).set(new_status.get("eventsProcessed", 0))
+        metrics.consumer_sinks(namespace, name, new_status.get("sinks") or [])
         if new_status != body.get("status"):
             await self.kube.replace_status(PLURAL, namespace, name, new_status, body.get("status") or {})
             self._announce(body, status, new_status)
@@ -178,14 +185,14 @@ class DatabusReconciler:
 
     def _post(self, body: dict[str, Any], reason: str, message: str, warning: bool) -> None:
         meta = body["metadata"]
-        ref = object_ref(deployments.KIND, meta["namespace"], meta["name"], meta["uid"])
+        ref = object_ref(workload.KIND, meta["namespace"], meta["name"], meta["uid"])
         self.kube.post_event_soon(ref, reason, message, warning=warning)
 
     async def _apply(self, manifest: dict[str, Any], current: dict[str, Any] | None, ctx: dict[str, Any]) -> None:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         if current is None:
-            await self.kube.call("POST", path("apps/v1", "deployments", namespace), body=manifest)
-            log.info("instance created", extra={**ctx, "deployment": name})
+            await self.kube.call("POST", path("apps/v1", "statefulsets", namespace), body=manifest)
+            log.info("instances created", extra={**ctx, "replicas": manifest["spec"]["replicas"]})
             return
         spec = current.get("spec") or {}
         template = (spec.get("template") or {}).get("metadata", {}).get("annotations") or {}
@@ -195,25 +202,24 @@ class DatabusReconciler:
             # A strategic merge patch, as kubectl's: the pod template's lists merge by name.
             await self.kube.call(
                 "PATCH",
-                path("apps/v1", "deployments", namespace, name),
+                path("apps/v1", "statefulsets", namespace, name),
                 body=patch,
                 content_type="application/strategic-merge-patch+json",
             )
-            log.info("instance updated", extra={**ctx, "deployment": name, "replicas": manifest["spec"]["replicas"]})
+            log.info("instances updated", extra={**ctx, "replicas": manifest["spec"]["replicas"]})
 
-    async def _seek(
-        self, body: dict[str, Any], existing: dict[str, Any], seek: dict[str, Any], ctx: dict[str, Any]
-    ) -> None:
+    async def _seek(self, body: dict[str, Any], seek: dict[str, Any], ctx: dict[str, Any]) -> None:
         """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
-        namespace = body["metadata"]["namespace"]
-        for name in existing:
-            await self.kube.delete(path("apps/v1", "deployments", namespace, name), propagation="Foreground")
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
+        for legacy in await self._legacy(namespace, name):
+            await self.kube.delete(path("apps/v1", "deployments", namespace, legacy), propagation="Foreground")
         selector = f"{LABEL_CONSUMER}={body['metadata']['name']}"
         for _ in range(120):
             if not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector):
                 break
             await asyncio.sleep(0.5)
-        await self.kube.delete(path("v1", "configmaps", namespace, deployments.checkpoint_config_map(body)))
+        await self.kube.delete(path("v1", "configmaps", namespace, workload.checkpoint_config_map(body)))
         log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
 
     async def _observe(
@@ -224,11 +230,14 @@ class DatabusReconciler:
         waiting: str,
         topics: list[str],
         health: Condition,
+        sts: dict[str, Any] | None,
     ) -> dict[str, Any]:
+        """The status: the checkpoints, the figures the instances recorded, and the StatefulSet's ready pods
+        (as read at the start of this reconcile: the next one sees what this one changed)."""
         meta, spec = body["metadata"], body["spec"]
         namespace, name = meta["namespace"], meta["name"]
         generation = int(meta.get("generation", 0))
-        cm_name = deployments.checkpoint_config_map(body)
+        cm_name = workload.checkpoint_config_map(body)
         new: dict[str, Any] = {k: v for k, v in status.items() if k in ("lastRestartNonce", "lastSeekNonce")}
         new.update(observedGeneration=generation, checkpointConfigMap=cm_name)
         if topics and not waiting:
@@ -244,10 +253,10 @@ class DatabusReconciler:
             except CheckpointError as exc:
                 invalid = f"checkpoint ConfigMap {cm_name} cannot be used: {exc}"
             else:
-                _mirror_checkpoints(new, checkpoints, cm["metadata"].get("annotations") or {})
+                annotations = cm["metadata"].get("annotations") or {}
+                _mirror_checkpoints(new, checkpoints, annotations, int(spec.get("instances", 1)))
 
-        deps = await self._deployments(namespace, name)
-        new["readyInstances"] = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in deps.values())
+        new["readyInstances"] = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
         failure = await self._pod_failure(namespace, name)
 
         conds, phase = _conditions(spec, new, problem, invalid, failure, waiting)
@@ -271,20 +280,32 @@ class DatabusReconciler:
         return ""
 
 
-def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str]) -> None:
+def _mirror_checkpoints(
+    status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str], instances: int
+) -> None:
     if len(checkpoints):
         modes = [cp.consumption_mode.value for cp in checkpoints.values()]
         status["consumptionMode"] = min(modes, key=MODE_ORDER.index)
         status["windowScn"] = min(cp.window_scn for cp in checkpoints.values())
         status["prevScn"] = min(cp.prev_scn for cp in checkpoints.values())
         status["timelines"] = len(checkpoints)
-    stats = [json.loads(v) for k, v in annotations.items() if k.startswith(STATS_ANNOTATION)]
+    stats = instance_stats(annotations, instances)
     if stats:
         status["lag"] = sum(int(s.get("lag") or 0) for s in stats)
         status["eventsProcessed"] = sum(int(s.get("eventsProcessed") or 0) for s in stats)
         status["lastCheckpointTime"] = max(str(s.get("lastCheckpointTime", "")) for s in stats)
         if sinks := _sink_figures(stats):
             status["sinks"] = sinks
+
+
+def instance_stats(annotations: dict[str, str], instances: int) -> list[dict[str, Any]]:
+    """The figures each current instance recorded with its checkpoints (an instance scaled away is left out)."""
+    stats = []
+    for key, value in annotations.items():
+        ordinal = key.removeprefix(STATS_ANNOTATION)
+        if key.startswith(STATS_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances:
+            stats.append(json.loads(value))
+    return stats
 
 
 def _sink_figures(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,8 +1,11 @@
 """The consumer runtime: relay puller, bootstrap puller and dispatcher (what consumer pods run).
 
 Kafka is the relay: one timeline per topic-partition, each with a Databus checkpoint in the
-ConfigMap plus `kafka_next_offset`, the offset to resume from. Starting up, every owned timeline
-either resumes from its checkpoint, or (no checkpoint) starts as `startPosition` says. A
+ConfigMap plus `kafka_next_offset`, the offset to resume from. An instance consumes a timeline only
+while it holds the timeline's Lease (`ownership`), and claims it in the ConfigMap before it reads
+the checkpoint (`checkpoint_store`); it looks at who should own what every OWNERSHIP_CHECK_SECONDS,
+so instances come and go without a restart. A timeline taken either resumes from its checkpoint,
+or (no checkpoint) starts as `startPosition` says. A
 checkpoint whose offset Kafka no longer holds means the consumer fell off the relay: it
 bootstraps from the store, or stops with RelayFallOff when there is no store — offsets are
 never reset silently (auto.offset.reset=error).
@@ -30,13 +33,15 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from pymongo import MongoClient
 
 from fibers import lineage, termination
+from fibers.api import API_VERSION
 from fibers.databus import sinks
 from fibers.databus.callbacks import Callback, Result, Singles, bootstrap_page, call, end_batch, window_dispatcher
-from fibers.databus.checkpoint import Checkpoint, ConsumptionMode, timeline_key
+from fibers.databus.checkpoint import Checkpoint, Checkpoints, ConsumptionMode, parse_timeline_key, timeline_key
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.driver import CallbackDriver, CallbackTimeout
 from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
+from fibers.databus.ownership import Leases, Members, lease_name, owned_keys
 from fibers.databus.store import BootstrapStore
 from fibers.databus.tuning import (
     BATCH_RECORDS,
@@ -44,9 +49,10 @@ from fibers.databus.tuning import (
     IDLE_WAIT_SECONDS,
     KAFKA_CONSUMER,
     MAX_RETRY_PAUSE_SECONDS,
+    OWNERSHIP_CHECK_SECONDS,
     QUIET_SECONDS,
 )
-from fibers.kubeapi import Api
+from fibers.kubeapi import Api, ApiError, Unreachable
 from fibers.redact import redact
 from fibers.wire import AvroDecoder, Registry
 
@@ -169,9 +175,13 @@ def _stricter(a: Result, b: Result) -> Result:
 
 
 class Runtime:
-    def __init__(self, config: ConsumerConfig, api: Api, callback: Callback | None = None) -> None:
-        """`callback`: one given by the caller (tests, benchmarks) instead of the configured sinks."""
+    def __init__(
+        self, config: ConsumerConfig, api: Api, callback: Callback | None = None, members: Members | None = None
+    ) -> None:
+        """`callback`: one given by the caller (tests, benchmarks) instead of the configured sinks;
+        `members`: this instance's place among the consumer's pods (default: the configuration's)."""
         self.config = config
+        self.members = members or Members.fixed(config.name, config.instance, config.instances)
         if callback is not None:
             self.callbacks, self.sink_names = [callback], ["callback"]
         else:
@@ -186,7 +196,7 @@ class Runtime:
             config.namespace,
             config.checkpoint_config_map,
             config.topics,
-            instance=config.instance,
+            instance=self.members.ordinal,
             min_interval=config.checkpoint_min_interval,
             labels=config.labels,
         )
@@ -209,15 +219,22 @@ class Runtime:
         self.driver = CallbackDriver(len(self.callbacks), config.callback_timeout)
         self._dispatchers = [window_dispatcher(callback) for callback in self.callbacks]
         self._timelines = 1  # how many timelines this instance consumes; set when they are assigned
+        uid = config.labels.get("fibers.dev/consumer-uid")
+        owner = {"apiVersion": API_VERSION, "kind": "DatabusConsumer", "name": config.name, "uid": uid} if uid else None
+        self.leases = Leases(api, config.namespace, self.members.holder, labels=config.labels, owner=owner)
+        self.partitions: dict[str, list[int]] = {}  # every partition of each relay topic
+        self.held: dict[str, tuple[str, int]] = {}  # timeline key → (topic, partition) consumed here now
+        self.replicas = -1  # the number of instances, as last read
+        self._next_look = 0.0  # when (monotonic) the relay loop next looks at ownership
 
     # ----- plumbing ------------------------------------------------------------------------------
 
-    def _owned_partitions(self, topic: str) -> list[int]:
+    def _all_partitions(self, topic: str) -> list[int]:
         metadata = self.consumer.list_topics(topic, timeout=30)
         info = metadata.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             raise ConsumerStopped(f"relay topic {topic} does not exist (yet)", code=4)
-        return sorted(p for p in info.partitions if self.config.owns(p))
+        return sorted(info.partitions)
 
     def _low_watermark(self, topic: str, partition: int) -> int:
         low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
@@ -274,10 +291,12 @@ class Runtime:
         if emitter:
             emitter.start(*self._datasets())
         try:
-            stored = self.store.load()
+            self.store.load()  # a malformed checkpoint stops the consumer here, before anything is taken
+            self.partitions = {topic: self._all_partitions(topic) for topic in self.config.topics}
             self._hook("on_start_consumption")
-            assignments = self._start_positions(dict(stored))
-            self._consume(assignments)
+            self.leases.start()
+            self._look()
+            self._consume()
         except ConsumerStopped as exc:
             message = redact(str(exc), self.config.secrets())
             log.error("consumer stopped: %s", message)
@@ -324,24 +343,74 @@ class Runtime:
     def _on_signal(self, *_: object) -> None:
         self.stopping = True
 
-    def _start_positions(self, stored: dict[str, Checkpoint]) -> list[TopicPartition]:
+    # ----- ownership: which timelines this instance consumes -----------------------------------------
+
+    def _look(self) -> set[tuple[str, int]]:
+        """Drop what is lost, give up what another instance should consume, take what is ours and free.
+
+        Returns the timelines no longer consumed here (their unread window is dropped by the caller).
+        """
+        self._next_look = time.monotonic() + OWNERSHIP_CHECK_SECONDS
+        gone = {self.held[k] for k in self.leases.overdue() | self.store.fenced if k in self.held}
+        for timeline in gone:
+            self._let_go(timeline, release=False)
+        self.store.fenced.clear()
+        try:
+            self.replicas = self.members.replicas()
+        except Exception as exc:  # the API server is away: keep what we hold, take nothing new
+            log.warning("could not read the number of instances", extra={"error": str(exc)})
+            return gone
+        wanted = owned_keys(self.partitions, self.replicas, self.members.ordinal)
+        giving = [self.held[k] for k in self.held if k not in wanted]
+        taken: list[tuple[str, int]] = []
+        stored = Checkpoints(self.config.topics)
+        try:
+            if giving:
+                self.store.flush()  # the next owner starts from our last window, not an older one
+                for timeline in giving:
+                    self._let_go(timeline, release=True)
+                gone.update(giving)
+            for key, timeline in wanted.items():
+                if key not in self.held and self.leases.take(key, self._lease(*timeline)):
+                    _, stored = self.store.claim(key)
+                    taken.append(timeline)
+        except (ApiError, Unreachable) as exc:  # try again at the next look; what is held stays held
+            log.warning("could not hand partitions over", extra={"error": str(exc)})
+        if taken:
+            self._take(taken, stored)
+        return gone
+
+    def _lease(self, topic: str, partition: int) -> str:
+        return lease_name(self.config.name, topic, partition)
+
+    def _let_go(self, timeline: tuple[str, int], *, release: bool) -> None:
+        key = timeline_key(*timeline)
+        self.consumer.incremental_unassign([TopicPartition(*timeline)])
+        self.held.pop(key, None)
+        self.checkpoints.pop(key, None)
+        self.store.forget(key)
+        if release:
+            self.leases.release(key)
+        else:
+            self.leases.forget(key)
+        self._timelines = max(len(self.held), 1)
+        log.info("timeline given up" if release else "timeline lost", extra={"timeline": key})
+
+    def _take(self, timelines: list[tuple[str, int]], stored: Checkpoints) -> None:
+        """Start consuming timelines just claimed: from their checkpoints, or as startPosition says,
+        bootstrapping first where a checkpoint says a bootstrap is under way or the relay no longer
+        holds its offset."""
         assignments = []
         for topic in self.config.topics:
-            partitions = self._owned_partitions(topic)
+            partitions = [p for t, p in timelines if t == topic]
+            if not partitions:
+                continue
             keys = [timeline_key(topic, p) for p in partitions]
             for key in keys:
                 if key in stored:
                     self.checkpoints[key] = stored[key]
-            if any(
-                self.checkpoints.get(k, Checkpoint.initial()).consumption_mode
-                in (ConsumptionMode.BOOTSTRAP_SNAPSHOT, ConsumptionMode.BOOTSTRAP_CATCHUP)
-                for k in keys
-            ):
-                self._bootstrap(topic, partitions, reason="resuming an interrupted bootstrap")
-            elif self._fell_off(topic, partitions):
-                self._bootstrap(topic, partitions, reason="fell off the relay")
-            elif not any(k in self.checkpoints for k in keys) and self.config.start_position == "bootstrap":
-                self._bootstrap(topic, partitions, reason="no checkpoint (startPosition: bootstrap)")
+            for group, reason in self._bootstraps(topic, partitions, stored):
+                self._bootstrap(topic, group, reason=reason)
             for partition in partitions:
                 resume = next_offset(self.checkpoints.get(timeline_key(topic, partition)))
                 if resume is not None:
@@ -349,7 +418,37 @@ class Runtime:
                 else:
                     offset = OFFSET_END if self.config.start_position == "latest" else OFFSET_BEGINNING
                 assignments.append(TopicPartition(topic, partition, offset))
-        return assignments
+        self.consumer.incremental_assign(assignments)
+        self.held.update({timeline_key(tp.topic, tp.partition): (tp.topic, tp.partition) for tp in assignments})
+        self._timelines = max(len(self.held), 1)
+        log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
+
+    def _bootstraps(self, topic: str, partitions: list[int], stored: Checkpoints) -> list[tuple[list[int], str]]:
+        """The bootstraps to run before these partitions of `topic` go online: (partitions, why) each.
+
+        Partitions whose checkpoints record the same interrupted bootstrap resume it together (one
+        instance may take partitions from two earlier owners, each bootstrapping its own set).
+        """
+        keys = {p: timeline_key(topic, p) for p in partitions}
+        interrupted: dict[str, list[int]] = {}
+        for p, key in keys.items():
+            cp = self.checkpoints.get(key)
+            if cp and cp.consumption_mode in (ConsumptionMode.BOOTSTRAP_SNAPSHOT, ConsumptionMode.BOOTSTRAP_CATCHUP):
+                interrupted.setdefault(cp.to_json(), []).append(p)
+        if interrupted:
+            return [(group, "resuming an interrupted bootstrap") for group in interrupted.values()]
+        if self._fell_off(topic, partitions):
+            return [(partitions, "fell off the relay")]
+        # No checkpoint: bootstrap, unless the topic is consumed online already (another partition's
+        # checkpoint says so): then this partition has had no changes yet and starts at the relay's start.
+        fresh = [p for p, key in keys.items() if key not in self.checkpoints]
+        online = any(
+            parse_timeline_key(k)[0] == topic and cp.consumption_mode is ConsumptionMode.ONLINE_CONSUMPTION
+            for k, cp in stored.items()
+        )
+        if fresh and self.config.start_position == "bootstrap" and not online:
+            return [(fresh, "no checkpoint (startPosition: bootstrap)")]
+        return []
 
     def _fell_off(self, topic: str, partitions: list[int]) -> bool:
         for partition in partitions:
@@ -547,16 +646,17 @@ class Runtime:
 
     # ----- online ------------------------------------------------------------------------------
 
-    def _consume(self, assignments: list[TopicPartition]) -> None:
-        self.consumer.assign(assignments)
-        self._timelines = len(assignments)
-        log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
+    def _consume(self) -> None:
         window: list[ChangeEvent] = []  # the window being read; complete windows go to `ready`
         window_id: object = None  # (window id, partition, topic) of `window`
         attempts: dict[tuple[str, int, int], int] = {}
         max_events = self.config.max_window_events
         parse = self._parse
         while not self.stopping:
+            if time.monotonic() >= self._next_look or self.leases.lost or self.store.fenced:
+                gone = self._look()
+                if window and (window[0].topic, window[0].partition) in gone:
+                    window, window_id = [], None  # its next owner reads it again from the checkpoint
             messages = self._poll(waiting=bool(window))
             ready: list[list[ChangeEvent]] = []
             singles: Singles | None = None  # the run of one-record windows at the end of `ready`
@@ -717,6 +817,7 @@ class Runtime:
             self.store.flush()
         except Exception:
             log.exception("could not write the last checkpoint")
+        self.leases.release_all()  # after the last checkpoint: the next owner starts from it
         try:
             for callback in self.callbacks:
                 try:

@@ -60,3 +60,16 @@ def settle_collector() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+# Partition ownership (fibers.databus.ownership): one Lease per partition. Another pod may take a Lease
+# whose record it has seen unchanged this long; its holder renews it this often and stops handing on the
+# partition's windows if no renewal succeeded for the deadline — a margin of 4 s before anyone may take it
+# (client-go's leader election keeps the same order: renew period < renew deadline < lease duration).
+LEASE_DURATION_SECONDS: Final = 10.0
+LEASE_RENEW_SECONDS: Final = 2.0
+LEASE_RENEW_DEADLINE_SECONDS: Final = 6.0
+
+# How often the relay loop reads the number of instances and tries the Leases of partitions it wants but
+# does not hold: the most a rescale waits on a pod noticing it (two looks, the giver's and the taker's).
+OWNERSHIP_CHECK_SECONDS: Final = 1.0

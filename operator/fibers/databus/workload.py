@@ -1,4 +1,10 @@
-"""What runs a DatabusConsumer: its rendered configuration and one Deployment per instance (pure)."""
+"""What runs a DatabusConsumer: its rendered configuration and the StatefulSet of its instances (pure).
+
+One StatefulSet, `spec.instances` replicas: pod `<name>-i` is instance i. The pods learn the number of
+instances from the StatefulSet while they run and hand partitions over through Leases
+(`fibers.databus.ownership`), so a rescale changes `replicas` only — the pod template, and so the
+running pods, stay as they are. Earlier versions ran one Deployment per instance (LABEL_INSTANCE).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,9 @@ from fibers.upstream import Upstream
 PLURAL = DATABUS_PLURAL
 KIND = "DatabusConsumer"
 LABEL_CONSUMER = "fibers.dev/databusconsumer"
-LABEL_INSTANCE = "fibers.dev/instance"
+LABEL_INSTANCE = "fibers.dev/instance"  # on the Deployments (and their pods) of earlier versions
+# The pod's own name and uid, from the downward API: its ordinal, and the name its Leases are held in.
+POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
 SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"
 
 
@@ -31,7 +39,6 @@ def checkpoint_config_map(body: dict[str, Any]) -> str:
 def render_config(
     body: dict[str, Any],
     *,
-    instance: int,
     topics: list[str],
     kafka_bootstrap: str | None,
     producers: dict[str, dict[str, str]] | None = None,
@@ -39,7 +46,7 @@ def render_config(
     registry_url: str | None = None,
     lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The JSON `fibers consume` runs from; secrets stay in environment variables.
+    """The JSON `fibers consume` runs from, the same for every instance; secrets stay in environment variables.
 
     `topics`: spec.sources, then what spec.sourceRefs resolved to (`consumed_topics`), and `producers`
     the resource each of those came from (`producers`, for lineage); `registry_url`:
@@ -66,8 +73,6 @@ def render_config(
     return {
         "name": meta["name"],
         "namespace": meta["namespace"],
-        "instance": instance,
-        "instances": int(spec.get("instances", 1)),
         "relay": relay,
         "sinks": sinks,
         "bootstrap": {"uriEnv": STORE_URI_ENV, "database": bootstrap["database"]} if bootstrap.get("enabled") else None,
@@ -123,10 +128,9 @@ def _secret_env(name: str, ref: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}
 
 
-def deployment(
+def statefulset(
     body: dict[str, Any],
     *,
-    instance: int,
     config: dict[str, Any],
     image: str,
     service_account: str | None,
@@ -135,8 +139,12 @@ def deployment(
     meta, spec = body["metadata"], body["spec"]
     name = meta["name"]
     rendered = json.dumps(config, sort_keys=True)
-    labels = {LABEL_CONSUMER: name, LABEL_INSTANCE: str(instance)}
-    env: list[dict[str, Any]] = [{"name": "FIBERS_CONSUMER_CONFIG", "value": rendered}]
+    labels = {LABEL_CONSUMER: name}
+    env: list[dict[str, Any]] = [
+        {"name": "FIBERS_CONSUMER_CONFIG", "value": rendered},
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+    ]
     for index, (_, sink) in enumerate(sink_specs(spec)):
         if sink.get("uriSecretRef"):
             env.append(_secret_env(sink_uri_env(index), sink["uriSecretRef"]))
@@ -167,9 +175,9 @@ def deployment(
     template_hash = hashlib.sha256((rendered + json.dumps(pod_spec, sort_keys=True)).encode()).hexdigest()[:12]
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "metadata": {
-            "name": f"{name}-{instance}",
+            "name": name,
             "namespace": meta["namespace"],
             "labels": labels,
             "ownerReferences": [
@@ -184,9 +192,12 @@ def deployment(
             ],
         },
         "spec": {
-            "replicas": 0 if spec.get("state") == "stopped" else 1,
-            # Recreate: the old pod is gone before the new one starts, so partitions are never owned twice.
-            "strategy": {"type": "Recreate"},
+            "replicas": 0 if spec.get("state") == "stopped" else int(spec.get("instances", 1)),
+            # Pods start and stop together: a partition waits on its Lease, not on a pod's ordinal turn.
+            "podManagementPolicy": "Parallel",
+            # A changed template replaces one pod at a time; each ordinal's old pod is gone before its new one starts.
+            "updateStrategy": {"type": "RollingUpdate"},
+            "serviceName": "",
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {
