@@ -3,7 +3,9 @@
 In one run it measures:
   two_callbacks_ratio — windows per second of the runtime with two callbacks (each on its own thread of the
                      callback driver, every window to both) against the same runtime with one, alternating
-                     over `--rounds` rounds, medians (goal ≥ 0.9);
+                     over `--rounds` rounds, medians (goal ≥ 0.9): with no-op callbacks, where both threads
+                     run Python code only and so take turns under the interpreter lock (the floor), and
+                     with Kafka sinks (two feeds of the stream vs one), whose waits for Kafka overlap;
   rescale          — real consumer pods on the node (the job image, a log sink) reading a topic of
                      `--partitions` partitions written at `--rate` events/s, scaled 1 → 3 → 2 → 4 through the
                      scale subresource (what `kubectl scale` does): for each step the seconds from the scale
@@ -11,7 +13,7 @@ In one run it measures:
                      and the events/s the consumer took through that time (from its checkpoints).
 The last line printed is one JSON object with every figure.
 
-    .venv/bin/python -m bench.databus_scaling [--events 500000] [--rounds 3] [--rate 1000]
+    .venv/bin/python -m bench.databus_scaling [--events 500000] [--sink-events 200000] [--rounds 3] [--rate 1000]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,25 @@ def callbacks_rate(info: stack.StackInfo, api: kubeapi.Api, topic: str, events: 
     sinks = [{"type": "callback", "callback": NOOP, "name": f"noop{i}"} for i in range(count)]
     rate, _ = run_runtime(info, api, topic, events, None, sinks=sinks)
     return rate
+
+
+def kafka_sinks_rate(info: stack.StackInfo, api: kubeapi.Api, topic: str, events: int, count: int) -> float:
+    feed = f"bench-feed-{uuid.uuid4().hex[:6]}"
+    sinks = [{"type": "kafka", "topic": f"{feed}-{i}", "name": f"feed{i}"} for i in range(count)]
+    rate, _ = run_runtime(info, api, topic, events, None, sinks=sinks)
+    AdminClient({"bootstrap.servers": info.kafka_bootstrap}).delete_topics([s["topic"] for s in sinks])
+    return rate
+
+
+def ratio_rounds(rounds: int, one: Callable[[], float], two: Callable[[], float], what: str) -> dict[str, Any]:
+    """Alternating rounds of one sink and two (the machine's load drifts alike for both); medians."""
+    ones, twos = [], []
+    for round_ in range(rounds):
+        ones.append(one())
+        twos.append(two())
+        say(f"round {round_ + 1}, {what}: one {ones[-1]:.0f} windows/s, two in parallel {twos[-1]:.0f} windows/s")
+    figures = {"one_wps": round(statistics.median(ones)), "two_wps": round(statistics.median(twos))}
+    return {**figures, "ratio": round(figures["two_wps"] / figures["one_wps"], 2)}
 
 
 class Load:
@@ -161,6 +183,7 @@ def rescale(info: stack.StackInfo, partitions: int, rate: int, steps: list[int])
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--sink-events", type=int, default=200_000, help="events through the Kafka sinks")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=8)
@@ -172,22 +195,27 @@ def main() -> int:
     topic = f"bench-{uuid.uuid4().hex[:6]}"
     say(f"producing {args.events} records to {topic}")
     produce(info.kafka_bootstrap, topic, args.events)
-    one, two = [], []
-    for round_ in range(args.rounds):  # alternating: the machine's load drifts alike for both
-        one.append(callbacks_rate(info, api, topic, args.events, 1))
-        two.append(callbacks_rate(info, api, topic, args.events, 2))
-        say(f"round {round_ + 1}: one callback {one[-1]:.0f} windows/s, two in parallel {two[-1]:.0f} windows/s")
-    results: dict[str, Any] = {
-        "events": args.events,
-        "one_callback_wps": round(statistics.median(one)),
-        "two_callbacks_wps": round(statistics.median(two)),
-    }
-    results["two_callbacks_ratio"] = round(results["two_callbacks_wps"] / results["one_callback_wps"], 2)
+    results: dict[str, Any] = {"events": args.events, "sink_events": args.sink_events}
+    results["noop_callbacks"] = ratio_rounds(
+        args.rounds,
+        lambda: callbacks_rate(info, api, topic, args.events, 1),
+        lambda: callbacks_rate(info, api, topic, args.events, 2),
+        "no-op callbacks",
+    )
+    results["kafka_sinks"] = ratio_rounds(
+        args.rounds,
+        lambda: kafka_sinks_rate(info, api, topic, args.sink_events, 1),
+        lambda: kafka_sinks_rate(info, api, topic, args.sink_events, 2),
+        "Kafka sinks",
+    )
+    results["two_callbacks_ratio"] = results["noop_callbacks"]["ratio"]
+    results["two_kafka_sinks_ratio"] = results["kafka_sinks"]["ratio"]
     say(f"rescaling real pods under {args.rate} events/s over {args.partitions} partitions")
     results["rescale"] = rescale(info, args.partitions, args.rate, [3, 2, 4])
     results["rate"] = args.rate
     results["goals"] = {
         "two_callbacks_ratio_ge_0.9": results["two_callbacks_ratio"] >= 0.9,
+        "two_kafka_sinks_ratio_ge_0.9": results["two_kafka_sinks_ratio"] >= 0.9,
         "handover_le_10_s": all(step["handover_seconds"] <= 10 for step in results["rescale"]),
     }
     session.report(results)
