@@ -517,6 +517,7 @@ Done in {time.monotonic() - started:.0f}s. The stack keeps running; explore it:
   kubectl get sparkapplications -n shop
   kubectl get pods -n shop                         # Spark drivers and executors, consumer pods
   kubectl get configmap orders-view-checkpoint -n shop -o yaml   # Databus checkpoints
+  kubectl get leases -n shop                       # which consumer pod holds which partition
   kubectl logs -n {RELEASE_NAMESPACE} deploy/{RELEASE}           # the operator
 
 `make demo-down` stops everything.""",

@@ -82,7 +82,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     assert {"orders-store", "orders-view"} <= consumers
     for pod in pods:
         assert pod.spec.containers[0].image == stack_info.images["job"], pod.metadata.name
-    assert "shop/orders-view-0-" in result.stdout  # the live view lists the pods
+    assert "shop/orders-view-0 " in result.stdout  # the live view lists the pods (a StatefulSet names them)
     assert "pipeline shop/shop-orders: 6 steps" in result.stdout  # … after the chain, as `fibers pipeline` prints it
 
     # `fibers pipeline` prints the chain upstream first, every step Ready.
