@@ -4,9 +4,8 @@ of what it runs (connectors, consumer lag, each consumer sink's figures). Served
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -46,11 +45,26 @@ SINK_BATCH_SECONDS = Gauge(
     "fibers_databus_sink_last_batch_seconds", "The sink's last batch, slowest instance.", ["namespace", "name", "sink"]
 )
 
+_SINK_GAUGES = (SINK_WINDOWS, SINK_ERRORS, SINK_TIMEOUTS, SINK_BATCH_SECONDS)
+
+# The label values each resource's series were given, so they can go with it: a deleted resource's series
+# would otherwise be served forever, and alerts would fire (or stay silent) on things that no longer exist.
 _last_state: dict[tuple[str, str], str] = {}
+_sinks: dict[tuple[str, str], set[str]] = {}
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set
+        gauge.remove(*labels)
 
 
 def consumer_sinks(namespace: str, name: str, sinks: list[dict[str, Any]]) -> None:
-    """Each sink's figures as a DatabusConsumer's status.sinks has them."""
+    """Each sink's figures as a DatabusConsumer's status.sinks has them (a sink no longer there loses its series)."""
+    names = {str(sink["name"]) for sink in sinks}
+    for gone in _sinks.get((namespace, name), set()) - names:
+        for gauge in _SINK_GAUGES:
+            _remove(gauge, namespace, name, gone)
+    _sinks[(namespace, name)] = names
     for sink in sinks:
         labels = (namespace, name, str(sink["name"]))
         SINK_WINDOWS.labels(*labels).set(sink.get("windows", 0))
@@ -59,18 +73,27 @@ def consumer_sinks(namespace: str, name: str, sinks: list[dict[str, Any]]) -> No
         SINK_BATCH_SECONDS.labels(*labels).set(sink.get("lastBatchSeconds", 0.0))
 
 
-@contextmanager
+def forget_consumer(namespace: str, name: str) -> None:
+    """A DatabusConsumer was deleted: its series go with it."""
+    consumer_sinks(namespace, name, [])
+    _sinks.pop((namespace, name), None)
+    _remove(CONSUMER_LAG, namespace, name)
+    _remove(CONSUMER_EVENTS, namespace, name)
+
+
+def forget_connector(namespace: str, name: str) -> None:
+    """A Connect was deleted: its series go with it."""
+    if state := _last_state.pop((namespace, name), None):
+        _remove(CONNECTOR_STATE, namespace, name, state)
+    _remove(RUNNING_TASKS, namespace, name)
+
+
+@contextlib.contextmanager
 def reconciling(kind: str) -> Iterator[None]:
     """Count and time one reconcile; an exception is counted and re-raised."""
-    started = time.monotonic()
     RECONCILES.labels(kind).inc()
-    try:
+    with RECONCILE_SECONDS.labels(kind).time(), RECONCILE_ERRORS.labels(kind).count_exceptions():
         yield
-    except Exception:
-        RECONCILE_ERRORS.labels(kind).inc()
-        raise
-    finally:
-        RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
 
 
 def connector_state(namespace: str, name: str, state: str | None, running_tasks: int | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import yaml
 
 from fibers_stack import fetch
 from fibers_stack.launcher import Launcher
@@ -34,21 +35,17 @@ def _make_pki(pki: Path) -> None:
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, token: str = ADMIN_TOKEN) -> None:
-    path.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters:
-- name: fibers-stack
-  cluster: {{server: "{server}", certificate-authority: "{ca}"}}
-users:
-- name: admin
-  user: {{token: {token}}}
-contexts:
-- name: fibers-stack
-  context: {{cluster: fibers-stack, user: admin, namespace: default}}
-current-context: fibers-stack
-"""
-    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fibers-stack", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [
+            {"name": "fibers-stack", "context": {"cluster": "fibers-stack", "user": "admin", "namespace": "default"}}
+        ],
+        "current-context": "fibers-stack",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def start(launcher: Launcher) -> dict[str, str]:

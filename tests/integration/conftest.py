@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,10 +16,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from fibers_stack import StackInfo, namespaces, platform_resources
 from fibers_stack import crds as fibers_crds
@@ -70,13 +73,21 @@ def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
     return "mongo"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class OperatorProcess:
     """`fibers run` as a subprocess watching one namespace, with its log kept in a file."""
 
     def __init__(
         self, stack: StackInfo, namespace: str, log_file: Path, env: dict[str, str], args: tuple[str, ...] = ()
     ) -> None:
-        self.stack, self.namespace, self.log_file, self.args = stack, namespace, log_file, args
+        self.stack, self.namespace, self.log_file = stack, namespace, log_file
+        self.metrics_port = free_port()  # its Prometheus metrics, at http://127.0.0.1:<port>/metrics
+        self.args = ("--metrics-port", str(self.metrics_port), *args)
         # As in the operator image: no `kubernetes` package (see tools/without-kubernetes).
         python_path = os.pathsep.join(p for p in (str(WITHOUT_KUBERNETES), os.environ.get("PYTHONPATH")) if p)
         self.env = {**os.environ, **stack.env(), "PYTHONPATH": python_path, **env}
@@ -104,6 +115,16 @@ class OperatorProcess:
         self.stop()
         self.start()
 
+    def metric(self, series: str, /, **labels: str) -> list[float]:
+        """The values of the samples `series` with these labels (among others) on its /metrics now."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        return [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == series and labels.items() <= sample.labels.items()
+        ]
+
     def log(self) -> str:
         return self.log_file.read_text(errors="replace")
 
@@ -120,19 +141,12 @@ def operator_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def operator_args() -> tuple[str, ...]:
-    """More `fibers run` arguments for this module's operator (a module overrides this fixture)."""
-    return ()
-
-
-@pytest.fixture(scope="module")
 def operator(
     stack_info: StackInfo,
     namespace: str,
     connect_cluster: str,
     schema_registry: str,
     operator_env: dict[str, str],
-    operator_args: tuple[str, ...],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     log_file = tmp_path_factory.mktemp("operator") / "operator.log"
@@ -146,7 +160,7 @@ def operator(
         "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,
         **operator_env,
     }
-    op = OperatorProcess(stack_info, namespace, log_file, env, operator_args)
+    op = OperatorProcess(stack_info, namespace, log_file, env)
     op.start()
     time.sleep(1)
     yield op

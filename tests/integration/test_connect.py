@@ -234,13 +234,21 @@ def test_missing_secret_is_reported_and_recovers_when_created(
 
 
 def test_delete_removes_owned_connector_and_never_a_foreign_one(
-    connects: Resources, connect_http: httpx.Client, source_file: Path, unique: str
+    connects: Resources, connect_http: httpx.Client, source_file: Path, operator: OperatorProcess, unique: str
 ) -> None:
     connects.create(unique, source_spec(source_file, unique))
     connects.wait_condition(unique, "True")
+    wait_for(
+        lambda: operator.metric("fibers_connector_state", name=unique, state="RUNNING") == [1],
+        timeout=30,
+        what="its state served",
+    )
     connects.delete(unique)
     wait_for(lambda: not connects.exists(unique), timeout=60, what="resource gone")
     assert live_state(connect_http, unique) == "ABSENT"
+    # Its series went with it: an alert on connector state never fires on a Connect that no longer exists.
+    assert operator.metric("fibers_connector_state", name=unique) == []
+    assert operator.metric("fibers_connector_running_tasks", name=unique) == []
 
     foreign = f"{unique}-foreign"
     config = {"connector.class": "FileStreamSource", "file": str(source_file), "topic": foreign}
@@ -253,6 +261,25 @@ def test_delete_removes_owned_connector_and_never_a_foreign_one(
     wait_for(lambda: not connects.exists(unique + "-claim"), timeout=60, what="resource gone")
     assert live_state(connect_http, foreign) == "RUNNING"
     connect_http.delete(f"/connectors/{foreign}")
+
+
+def test_connect_series_return_to_their_baseline_after_many_creates_and_deletes(
+    connects: Resources, source_file: Path, operator: OperatorProcess, unique: str
+) -> None:
+    """Series follow their resources: 60 Connects made and deleted leave the operator serving what it did before."""
+
+    def connector_series() -> int:
+        return len(operator.metric("fibers_connector_state")) + len(operator.metric("fibers_connector_running_tasks"))
+
+    baseline = connector_series()
+    names = [f"{unique}-{i}" for i in range(60)]
+    for name in names:
+        connects.create(name, source_spec(source_file, f"{unique}-churn"))
+    wait_for(lambda: connector_series() >= baseline + 2 * len(names), timeout=180, what="a state per Connect served")
+    for name in names:
+        connects.delete(name)
+    wait_for(lambda: not any(connects.exists(n) for n in names), timeout=180, what="the Connects deleted")
+    assert connector_series() == baseline
 
 
 def test_paused_reconciliation_leaves_drift_alone(

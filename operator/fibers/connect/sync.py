@@ -272,7 +272,8 @@ class ConnectSync:
         target.config = target.spec.full_config(values)
 
     def _drop(self, key: tuple[str, str]) -> None:
-        """The resource is gone from Kubernetes: forget it."""
+        """The resource is gone from Kubernetes: forget it (its metrics too)."""
+        metrics.forget_connector(*key)
         self.targets.pop(key, None)
         self._seen.pop(key, None)
         self._written.pop(key, None)

@@ -9,7 +9,7 @@ when something failed. Bootstrap has the same calls with `bootstrap` in their na
 from __future__ import annotations
 
 import enum
-import importlib
+import pkgutil
 from collections.abc import Callable
 from typing import Any
 
@@ -217,7 +217,7 @@ def load(spec: str, options: dict[str, Any]) -> Callback:
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise ValueError(f"callback must look like package.module:Class, got {spec!r}")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = pkgutil.resolve_name(spec)
     instance = cls(**options)
     if not isinstance(instance, Callback):
         raise TypeError(f"{spec} must subclass fibers.databus.callbacks.Callback")

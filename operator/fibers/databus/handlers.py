@@ -6,6 +6,7 @@ from typing import Any
 
 import kopf
 
+from fibers import metrics
 from fibers.api import GROUP, VERSION
 from fibers.databus import workload
 from fibers.databus.reconciler import DatabusReconciler
@@ -39,6 +40,7 @@ async def consumer_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The StatefulSet and the Leases go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
+    metrics.forget_consumer(body["metadata"]["namespace"], body["metadata"]["name"])
     if ((body["spec"].get("checkpoint") or {}).get("retention") or "Retain") != "Delete":
         return
     name = workload.checkpoint_config_map(dict(body))
