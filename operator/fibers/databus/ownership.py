@@ -189,12 +189,8 @@ class Leases:
         held = self.forget(key)
         if held is None:
             return
-        url = path("coordination.k8s.io/v1", "leases", self.namespace, held.name)
         try:
-            current = self.api.get_or_none(url)
-            if current and (current.get("spec") or {}).get("holderIdentity") == self.holder:
-                current["spec"] = {**current["spec"], "holderIdentity": None}
-                self.api.replace(url, current)
+            self._write_ours(held, {"holderIdentity": None})
         except (ApiError, Unreachable) as exc:  # it will expire instead
             log.warning("lease not released", extra={"timeline": key, "lease": held.name, "error": str(exc)})
         log.info("lease released", extra={"timeline": key, "lease": held.name})
@@ -224,31 +220,38 @@ class Leases:
         with self._lock:
             held = dict(self.held)
         for key, lease in held.items():
-            url = path("coordination.k8s.io/v1", "leases", self.namespace, lease.name)
-            current = lease.record
             try:
-                for _ in range(2):  # as last written; after a conflict, as it is now
-                    spec = current.get("spec") or {}
-                    transitions = int(spec.get("leaseTransitions") or 0)
-                    if spec.get("holderIdentity") != self.holder or transitions != lease.transitions:
-                        self._lose(key, f"taken by {spec.get('holderIdentity') or 'nobody'}")
-                        break
-                    try:
-                        written = self.api.replace(url, {**current, "spec": {**spec, "renewTime": _micro_time()}})
-                    except ApiError as exc:
-                        if exc.status != 409:
-                            raise
-                        current = self.api.get(url)
-                        continue
-                    with self._lock:
-                        if key in self.held:
-                            self.held[key] = Held(lease.name, lease.transitions, self.clock(), written)
-                    break
+                written = self._write_ours(lease, {"renewTime": _micro_time()})
             except (ApiError, Unreachable) as exc:
                 if isinstance(exc, ApiError) and exc.status == 404:
                     self._lose(key, "the Lease was deleted")
                 elif self.clock() - lease.renewed >= LEASE_RENEW_DEADLINE_SECONDS:
                     self._lose(key, f"not renewed for {LEASE_RENEW_DEADLINE_SECONDS:g} s: {exc}")
+                continue
+            if written is None:
+                self._lose(key, "taken by another holder")
+                continue
+            with self._lock:
+                if key in self.held:
+                    self.held[key] = Held(lease.name, lease.transitions, self.clock(), written)
+
+    def _write_ours(self, lease: Held, change: dict[str, Any]) -> dict[str, Any] | None:
+        """Apply `change` to a Lease's spec while it is ours: the object as we last wrote it, replaced in one
+        call; after a conflict, as the server has it. None when another holder has it now."""
+        url = path("coordination.k8s.io/v1", "leases", self.namespace, lease.name)
+        current = lease.record
+        for attempt in range(2):
+            spec = current.get("spec") or {}
+            transitions = int(spec.get("leaseTransitions") or 0)
+            if spec.get("holderIdentity") != self.holder or transitions != lease.transitions:
+                return None
+            try:
+                return self.api.replace(url, {**current, "spec": {**spec, **change}})
+            except ApiError as exc:
+                if exc.status != 409 or attempt:
+                    raise
+                current = self.api.get(url)
+        return None
 
     def _lose(self, key: str, why: str) -> None:
         with self._lock:

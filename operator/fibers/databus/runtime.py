@@ -218,13 +218,11 @@ class Runtime:
         # One thread per callback, for relay windows and bootstrap pages alike.
         self.driver = CallbackDriver(len(self.callbacks), config.callback_timeout)
         self._dispatchers = [window_dispatcher(callback) for callback in self.callbacks]
-        self._timelines = 1  # how many timelines this instance consumes; set when they are assigned
         uid = config.labels.get("fibers.dev/consumer-uid")
         owner = {"apiVersion": API_VERSION, "kind": "DatabusConsumer", "name": config.name, "uid": uid} if uid else None
         self.leases = Leases(api, config.namespace, self.members.holder, labels=config.labels, owner=owner)
         self.partitions: dict[str, list[int]] = {}  # every partition of each relay topic
         self.held: dict[str, tuple[str, int]] = {}  # timeline key → (topic, partition) consumed here now
-        self.replicas = -1  # the number of instances, as last read
         self._next_look = 0.0  # when (monotonic) the relay loop next looks at ownership
 
     # ----- plumbing ------------------------------------------------------------------------------
@@ -356,11 +354,11 @@ class Runtime:
             self._let_go(timeline, release=False)
         self.store.fenced.clear()
         try:
-            self.replicas = self.members.replicas()
+            replicas = self.members.replicas()
         except Exception as exc:  # the API server is away: keep what we hold, take nothing new
             log.warning("could not read the number of instances", extra={"error": str(exc)})
             return gone
-        wanted = owned_keys(self.partitions, self.replicas, self.members.ordinal)
+        wanted = owned_keys(self.partitions, replicas, self.members.ordinal)
         giving = [self.held[k] for k in self.held if k not in wanted]
         taken: list[tuple[str, int]] = []
         stored = Checkpoints(self.config.topics)
@@ -393,7 +391,6 @@ class Runtime:
             self.leases.release(key)
         else:
             self.leases.forget(key)
-        self._timelines = max(len(self.held), 1)
         log.info("timeline given up" if release else "timeline lost", extra={"timeline": key})
 
     def _take(self, timelines: list[tuple[str, int]], stored: Checkpoints) -> None:
@@ -420,7 +417,6 @@ class Runtime:
                 assignments.append(TopicPartition(topic, partition, offset))
         self.consumer.incremental_assign(assignments)
         self.held.update({timeline_key(tp.topic, tp.partition): (tp.topic, tp.partition) for tp in assignments})
-        self._timelines = max(len(self.held), 1)
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
 
     def _bootstraps(self, topic: str, partitions: list[int], stored: Checkpoints) -> list[tuple[list[int], str]]:
@@ -787,7 +783,7 @@ class Runtime:
         combined = done[0][0]
         for results, _ in done[1:]:  # zip stops at the shorter: the windows every callback got through
             combined = [_stricter(a, b) for a, b in zip(combined, results, strict=False)]
-        return BatchOutcome.of(windows, combined, failure, self._timelines)
+        return BatchOutcome.of(windows, combined, failure, max(len(self.held), 1))
 
     def _rollback(
         self, window: list[ChangeEvent], attempts: dict[tuple[str, int, int], int], exc: BaseException
