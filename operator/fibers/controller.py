@@ -8,26 +8,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
+from fibers import logs
 from fibers.api import FINALIZER
-from fibers.connect import handlers as _connect_handlers  # noqa: F401  (registers handlers)
+from fibers.connect import handlers as _connect_handlers  # registers handlers
 from fibers.connect.registry import ClusterSettings, ConnectClusters
+from fibers.connect.spec import KIND as CONNECT_KIND
 from fibers.connect.sync import ConnectSync, SyncSettings
 from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
 from fibers.databus.reconciler import DatabusReconciler
+from fibers.databus.workload import KIND as DATABUS_KIND
 from fibers.kube import Kube, load_client
-from fibers.schemas import handlers as _schema_handlers  # noqa: F401  (registers handlers)
+from fibers.schemas import handlers as _schema_handlers  # registers handlers
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.reconcile import SchemaSettings
-from fibers.transform import handlers as _transform_handlers  # noqa: F401  (registers handlers)
+from fibers.transform import handlers as _transform_handlers  # registers handlers
 from fibers.transform.reconciler import TransformReconciler
+from fibers.transform.spec import KIND as TRANSFORM_KIND
 from fibers.transform.spec import Defaults
 
 log = logging.getLogger("fibers.operator")
+
+RECONCILED_KINDS = (CONNECT_KIND, TRANSFORM_KIND, DATABUS_KIND)  # fibers_reconciles_total{kind=…}
+
+# Handlers called on every watch event: kopf's line after each call is dropped (`logs.WatchHandlerSuccess`).
+_WATCHING: tuple[Callable[..., Any], ...] = (
+    _connect_handlers.connect_event,
+    _connect_handlers.connect_cluster_event,
+    _connect_handlers.namespace_event,
+    _transform_handlers.run_changed,
+    _schema_handlers.registry_event,
+)
+WATCH_HANDLERS = {handler.__qualname__ for handler in _WATCHING}  # kopf's handler ids
 
 
 def settings_from_env() -> SyncSettings:
@@ -109,6 +126,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # object and noise in `kubectl describe`. Our own Events mark the transitions that matter;
     # kopf still posts its warnings and errors.
     settings.posting.level = logging.WARNING
+    logging.getLogger("kopf.objects").addFilter(logs.WatchHandlerSuccess(WATCH_HANDLERS))
     # Kubernetes API calls run in worker threads (the client is synchronous). More threads than the
     # default (cpu+4) did not make 500 Connects Ready sooner here and cost ~15 MiB: opt-in only.
     if threads := int(os.environ.get("FIBERS_API_THREADS", "0")):

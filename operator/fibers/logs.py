@@ -47,6 +47,22 @@ class TextFormatter(logging.Formatter):
         return f"{line}  {extras}" if extras else line
 
 
+class WatchHandlerSuccess(logging.Filter):
+    """Drops kopf's "Handler 'x' succeeded." for handlers that run on every watch event.
+
+    kopf logs that line at INFO after each handler call. For a handler of every watch event it is one
+    line per event that says nothing: 1,000 new Connects made 7,000 of them, and formatting them was
+    a visible share of the operator's CPU during the wave. Failures are still logged.
+    """
+
+    def __init__(self, handlers: set[str]) -> None:
+        super().__init__()
+        self._lines = {f"Handler {name!r} succeeded." for name in handlers}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.msg in self._lines)
+
+
 def setup(level: int = logging.INFO, json_lines: bool | None = None) -> None:
     """Configure the root logger once; JSON when stderr is not a terminal unless told otherwise."""
     if json_lines is None:

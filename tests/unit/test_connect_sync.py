@@ -82,6 +82,9 @@ class LaggingConnect:
     async def exists(self, name: str) -> bool:
         return False
 
+    async def topics(self, name: str) -> list[str]:
+        return []  # the connector has written nothing yet
+
 
 def _body(name: str, **meta: Any) -> dict[str, Any]:
     return {
@@ -218,6 +221,19 @@ def _running(name: str, *, config: dict[str, str] | None = None, task_state: str
     return ConnectorView.from_listing(name, entry)
 
 
+def _count_reconciles(sync: ConnectSync) -> list[str]:
+    """The names of the resources reconciled from now on, one entry per reconcile."""
+    calls: list[str] = []
+    reconcile_once = sync._reconcile
+
+    async def counting(client: Any, target: Any, *args: Any) -> bool:
+        calls.append(target.name)
+        return await reconcile_once(client, target, *args)
+
+    sync._reconcile = counting  # type: ignore[method-assign]
+    return calls
+
+
 def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
     async def scenario() -> list[int]:
         sync, _, connect = _sync()
@@ -225,14 +241,7 @@ def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
         await sync.observe(None, body)  # type: ignore[arg-type]
         target = sync.targets["shop", "orders"]
         target.status["topics"] = ["t"]
-        calls: list[int] = []
-        reconcile_once = sync._reconcile
-
-        async def counting(*args: Any) -> bool:
-            calls.append(1)
-            return await reconcile_once(*args)
-
-        sync._reconcile = counting  # type: ignore[method-assign]
+        calls = _count_reconciles(sync)
         views = [
             _running("orders", config=target.config),  # settles it
             _running("orders"),  # same, statuses only: nothing to do
@@ -255,6 +264,51 @@ def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
 
 async def _listing(view: ConnectorView) -> dict[str, ConnectorView]:
     return {view.name: view}
+
+
+def _starting(name: str) -> ConnectorView:
+    return ConnectorView.from_listing(name, {"status": {"connector": {"state": "RUNNING"}, "tasks": []}})
+
+
+def test_a_converging_connector_is_reconciled_again_when_it_moves_or_its_recheck_is_due() -> None:
+    """A wave of 1,000 creates was reconciled ~100 times per resource at the fast pace, each time
+    finding nothing to do: a connector that has not moved waits (`ConnectPolicy.converging_recheck`)."""
+
+    async def scenario() -> tuple[list[int], list[str]]:
+        sync, _, connect = _sync()
+        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
+        target = sync.targets["shop", "orders"]
+        target.status["topics"] = ["t"]  # topics known: no topic look-up due
+        calls = _count_reconciles(sync)
+        listings: list[dict[str, ConnectorView] | str] = [
+            {},  # creates it
+            {},  # not listed yet (its herder lags): nothing to do, it waits
+            {},  # unmoved: no reconcile
+            {"orders": _starting("orders")},  # listed, task not started: moved, reconciled
+            {"orders": _starting("orders")},  # unmoved
+            "recheck due",  # the same, but its recheck is due
+            {"orders": _running("orders", config=target.config)},  # running: moved, reconciled, Ready
+        ]
+        counts = []
+        for listing in listings:
+            if listing == "recheck due":
+                view, at = target.waiting_view or (None, 0.0)
+                target.waiting_view = (view, at - sync.policy.converging_recheck)
+                listing = {"orders": _starting("orders")}
+
+            async def answer(*, configs: bool = True, listed: Any = listing) -> dict[str, ConnectorView]:
+                return dict(listed)
+
+            connect.list_expanded = answer  # type: ignore[method-assign]
+            sync._finished_at.clear()
+            await _sync_once(sync)
+            counts.append(len(calls))
+        ready = next(c for c in target.status["conditions"] if c["type"] == "Ready")
+        return counts, [ready["status"], *connect.creates]
+
+    counts, outcome = asyncio.run(scenario())
+    assert counts == [1, 2, 2, 3, 3, 4, 5]
+    assert outcome == ["True", "orders"]
 
 
 def test_a_cluster_that_does_not_answer_is_logged_once_and_asked_at_a_bounded_pace(
@@ -280,3 +334,43 @@ def test_a_cluster_that_does_not_answer_is_logged_once_and_asked_at_a_bounded_pa
     assert sync._interval(CLUSTER) == sync.policy.unreachable_retry  # not the fast pace of a converging cluster
     ready = next(c for c in kube.statuses["a"]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "ConnectUnreachable"  # every resource still says so
+
+
+def test_a_running_connector_whose_topics_are_unknown_waits_while_creates_are_under_way() -> None:
+    """No topics are asked while creates are under way (Connect is busy with those): a connector that
+    only waits for that ask is not reconciled at every listing meanwhile."""
+
+    async def scenario() -> list[int]:
+        sync, _, connect = _sync()
+        release = asyncio.Event()
+        creates = connect.create
+
+        async def slow_create(name: str, config: dict[str, str], initial_state: str) -> None:
+            if name == "slow":
+                await release.wait()  # queued behind other creates in Connect's herder
+            await creates(name, config, initial_state)
+
+        connect.create = slow_create  # type: ignore[method-assign]
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, body)  # type: ignore[arg-type]
+        await sync.observe(None, _body("slow"))  # type: ignore[arg-type]
+        orders = sync.targets["shop", "orders"]
+        calls = _count_reconciles(sync)
+        running = {"orders": _running("orders", config=orders.config)}
+
+        async def answer(*, configs: bool = True) -> dict[str, ConnectorView]:
+            return dict(running)
+
+        connect.list_expanded = answer  # type: ignore[method-assign]
+        counts = []
+        for _ in range(4):
+            sync._finished_at.clear()
+            orders.topics_due = 0.0  # the time to ask for its topics again has come
+            await sync._sync_cluster(CLUSTER, list(sync.targets.values()))
+            await asyncio.sleep(0)
+            counts.append(calls.count("orders"))
+        release.set()
+        await asyncio.gather(*sync._in_flight.values())
+        return counts
+
+    assert asyncio.run(scenario()) == [1, 1, 1, 1]

@@ -3,7 +3,10 @@ from __future__ import annotations
 import json
 import logging
 
-from fibers.logs import JsonFormatter, TextFormatter
+import kopf
+
+from fibers import controller
+from fibers.logs import JsonFormatter, TextFormatter, WatchHandlerSuccess
 
 
 def _record(**extra: object) -> logging.LogRecord:
@@ -24,3 +27,17 @@ def test_json_lines_carry_message_and_structured_fields() -> None:
 def test_text_lines_append_fields() -> None:
     line = TextFormatter().format(_record(namespace="ns1"))
     assert line.endswith("W connector orders failed  namespace=ns1")
+
+
+def test_kopfs_success_line_is_dropped_for_every_watch_handler_and_only_for_those() -> None:
+    """One INFO line per watch event says nothing: 1,000 new Connects made 7,000 of them."""
+    watching = {h.id for h in kopf.get_default_registry()._watching.get_all_handlers()}
+    assert watching == controller.WATCH_HANDLERS  # a new watch handler is not forgotten here
+    quiet = WatchHandlerSuccess(controller.WATCH_HANDLERS)
+
+    def kept(level: int, message: str) -> bool:
+        return quiet.filter(logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None))
+
+    assert not kept(logging.INFO, "Handler 'connect_event' succeeded.")
+    assert kept(logging.INFO, "Handler 'transform_changed' succeeded.")  # a change handler's: kept
+    assert kept(logging.ERROR, "Handler 'connect_event' failed with an exception and will try again in 60 seconds")

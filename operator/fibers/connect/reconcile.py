@@ -70,6 +70,9 @@ class Target:
     cluster: str = ""  # the ConnectCluster chosen (see fibers.connect.clusters.place)
     placed: bool = False  # that cluster exists and allows the namespace
     quiet_view: ConnectorView | None = None  # the connector as seen by a reconcile that left nothing to do
+    # The connector as seen by the last reconcile that had nothing to do while it converges (None: not
+    # listed yet), and when: until it moves, listings at the fast pace need not reconcile it again.
+    waiting_view: tuple[ConnectorView | None, float] | None = None
     offsets_request: OffsetsRequest | None = None  # the fibers.dev/offsets annotation, until it is done
     offsets_problem: str = ""  # why that annotation cannot be acted on
 

@@ -444,6 +444,7 @@ class ConnectSync:
             and t.key not in self._in_flight
             and self._finished_at.get(t.key, 0.0) < now  # `now`: just before the listing was asked for
             and not self._at_rest(t, listing)
+            and not self._unmoved(t, listing, asking_topics=refresh_budget[0] > 0)
         ]
         # Waiting for slow creates would hold back the next listing, and with it the Ready status
         # of connectors that already run: wait a little, and let the rest finish in the background.
@@ -466,6 +467,24 @@ class ConnectSync:
         if quiet is None or observed is None or not reconcile.at_rest(quiet, observed):
             return False
         return not self._heartbeat_due(target) and not (target.owned and target.topics_due_now())
+
+    def _unmoved(self, target: Target, listing: dict[str, ConnectorView], *, asking_topics: bool) -> bool:
+        """A converging resource whose last reconcile had nothing to do, and whose connector looks as it
+        did then (not listed yet, or the same states), waits for it to move, up to
+        `ConnectPolicy.converging_recheck`: a wave of creates is then not reconciled at every listing.
+        Its topics being due counts only when this sync asks for topics (none while creates are under way)."""
+        assert target.spec is not None
+        if target.waiting_view is None:
+            return False
+        before, at = target.waiting_view
+        if time.monotonic() - at >= self.policy.converging_recheck:
+            return False
+        if asking_topics and target.owned and target.topics_due_now():
+            return False
+        observed = listing.get(target.spec.connector)
+        if before is None or observed is None:
+            return before is None and observed is None
+        return reconcile.at_rest(before, observed)
 
     def _heartbeat_due(self, target: Target) -> bool:
         return time.monotonic() - self._written.get(target.key, 0) > self.policy.status_heartbeat
@@ -546,7 +565,7 @@ class ConnectSync:
            annotations done with.
         """
         assert target.spec is not None
-        target.quiet_view = None  # until this reconcile ends with nothing left to do
+        target.quiet_view = target.waiting_view = None  # until this reconcile ends with nothing to do
         if target.owned and CONNECT_FINALIZER not in target.finalizers:
             await self._claim(target)  # claimed before the operator kept its own finalizer
         observed = listing.get(target.spec.connector)
@@ -586,7 +605,10 @@ class ConnectSync:
         if Step.RESTART in outcome.done and target.restart_requested:
             target.restart_requested = False
             await self.kube.remove_annotation(PLURAL, target.namespace, target.name, ANNOTATION_RESTART)
-        return self._settled(target, observed, steps, status)
+        settled = self._settled(target, observed, steps, status)
+        if not settled and not steps and not target.problem:
+            target.waiting_view = (observed, time.monotonic())
+        return settled
 
     def _steps(self, target: Target, observed: ConnectorView | None, now: datetime) -> list[Step]:
         """`reconcile.decide`'s steps, but no create moments after ours: Connect lists a connector once
