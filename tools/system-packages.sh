@@ -16,4 +16,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# Prometheus and promtool: the stack scrapes what the chart's monitors select, and checks its alert rules.
+# The package's service is not started (policy-rc.d): the stack starts its own Prometheus.
+if ! command -v promtool >/dev/null; then
+  echo "installing Debian packages: prometheus"
+  [ ${#missing[@]} -gt 0 ] || apt-get update -qq
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 command -v go >/dev/null || { echo "Go >= 1.25 is required to build the local stack" >&2; exit 1; }

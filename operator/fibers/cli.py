@@ -18,7 +18,7 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from fibers import (
-        controller,  # noqa: F401  (registers the handlers)
+        controller,  # registers the handlers
         memory,
         metrics,
     )
@@ -28,7 +28,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.connect_cluster:
         os.environ["FIBERS_CONNECT_DEFAULT_CLUSTER"] = args.connect_cluster
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS)
     peering: dict[str, Any] = (
         {"standalone": False, "peering_name": args.peering, "priority": args.priority}
         if args.peering

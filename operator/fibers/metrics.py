@@ -47,15 +47,97 @@ SINK_BATCH_SECONDS = Gauge(
 
 _SINK_GAUGES = (SINK_WINDOWS, SINK_ERRORS, SINK_TIMEOUTS, SINK_BATCH_SECONDS)
 
+# Transform runs, named after the Spark Operator's SparkApplication series (spark_application_*) where
+# they mean the same: submitted, succeeded and failed runs, and the execution time of each outcome.
+_RUN_BUCKETS = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
+TRANSFORM_SUBMITS = Counter(
+    "fibers_transform_submit_count", "Runs submitted (SparkApplications created).", ["namespace", "name"]
+)
+TRANSFORM_SUCCESSES = Counter("fibers_transform_success_count", "Runs that completed.", ["namespace", "name"])
+TRANSFORM_FAILURES = Counter(
+    "fibers_transform_failure_count", "Runs that failed (or missed their submission deadline).", ["namespace", "name"]
+)
+
+
+def _execution_time(outcome: str, what: str) -> Histogram:
+    return Histogram(
+        f"fibers_transform_{outcome}_execution_time_seconds",
+        f"Submission to end of runs that {what}.",
+        ["namespace", "name"],
+        buckets=_RUN_BUCKETS,
+    )
+
+
+TRANSFORM_SUCCESS_SECONDS = _execution_time("success", "completed")
+TRANSFORM_FAILURE_SECONDS = _execution_time("failure", "failed")
+TRANSFORM_RECORDS = Gauge(
+    "fibers_transform_records_written", "Records the last completed run wrote to its output.", ["namespace", "name"]
+)
+TRANSFORM_LAST_SUCCESS = Gauge(
+    "fibers_transform_last_success_timestamp_seconds",
+    "When the last completed run ended (Unix time): `time() - this` is the age of the output.",
+    ["namespace", "name"],
+)
+TRANSFORM_LAST_SCHEDULE = Gauge(
+    "fibers_transform_last_schedule_timestamp_seconds",
+    "When a scheduled Transform's schedule last fired (Unix time); a run that completes ends after it.",
+    ["namespace", "name"],
+)
+_TRANSFORM_SERIES = (
+    TRANSFORM_LAST_SCHEDULE,
+    TRANSFORM_SUBMITS,
+    TRANSFORM_SUCCESSES,
+    TRANSFORM_FAILURES,
+    TRANSFORM_SUCCESS_SECONDS,
+    TRANSFORM_FAILURE_SECONDS,
+    TRANSFORM_RECORDS,
+    TRANSFORM_LAST_SUCCESS,
+)
+
 # The label values each resource's series were given, so they can go with it: a deleted resource's series
 # would otherwise be served forever, and alerts would fire (or stay silent) on things that no longer exist.
 _last_state: dict[tuple[str, str], str] = {}
 _sinks: dict[tuple[str, str], set[str]] = {}
 
 
-def _remove(gauge: Gauge, *labels: str) -> None:
+def _remove(series: Gauge | Counter | Histogram, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set
-        gauge.remove(*labels)
+        series.remove(*labels)
+
+
+def transform_seen(namespace: str, name: str) -> None:
+    """A Transform's run counters exist from its first reconcile, at 0, so `increase()` over them works
+    (a counter born at its first failure shows no increase in the window it was born in)."""
+    for counter in (TRANSFORM_SUBMITS, TRANSFORM_SUCCESSES, TRANSFORM_FAILURES):
+        counter.labels(namespace, name)
+
+
+def transform_submitted(namespace: str, name: str) -> None:
+    TRANSFORM_SUBMITS.labels(namespace, name).inc()
+
+
+def transform_run_ended(namespace: str, name: str, *, succeeded: bool, seconds: float | None) -> None:
+    """A run reached its end (counted once: the reconciler calls this on the transition it wrote)."""
+    (TRANSFORM_SUCCESSES if succeeded else TRANSFORM_FAILURES).labels(namespace, name).inc()
+    if seconds is not None:
+        (TRANSFORM_SUCCESS_SECONDS if succeeded else TRANSFORM_FAILURE_SECONDS).labels(namespace, name).observe(seconds)
+
+
+def transform_last_success(namespace: str, name: str, *, ended_at: float, records: int | None) -> None:
+    """The last completed run, as status shows it (set at every reconcile, so it survives an operator restart)."""
+    TRANSFORM_LAST_SUCCESS.labels(namespace, name).set(ended_at)
+    if records is not None:
+        TRANSFORM_RECORDS.labels(namespace, name).set(records)
+
+
+def transform_last_schedule(namespace: str, name: str, fired_at: float) -> None:
+    TRANSFORM_LAST_SCHEDULE.labels(namespace, name).set(fired_at)
+
+
+def forget_transform(namespace: str, name: str) -> None:
+    """A Transform was deleted: its series go with it."""
+    for series in _TRANSFORM_SERIES:
+        _remove(series, namespace, name)
 
 
 def consumer_sinks(namespace: str, name: str, sinks: list[dict[str, Any]]) -> None:
@@ -109,5 +191,14 @@ def connector_state(namespace: str, name: str, state: str | None, running_tasks:
         RUNNING_TASKS.labels(namespace, name).set(running_tasks)
 
 
-def serve(port: int) -> None:
+def declare_kinds(kinds: tuple[str, ...]) -> None:
+    """The per-kind reconcile counters exist from the start, at 0: an alert on the rate of errors then
+    evaluates to 0, not to "no data", before the first error."""
+    for kind in kinds:
+        RECONCILES.labels(kind)
+        RECONCILE_ERRORS.labels(kind)
+
+
+def serve(port: int, kinds: tuple[str, ...] = ()) -> None:
+    declare_kinds(kinds)
     start_http_server(port)

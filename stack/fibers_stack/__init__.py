@@ -1,4 +1,5 @@
-"""The local stack: a real one-node Kubernetes cluster, Kafka + Connect, PostgreSQL, FerretDB and Apicurio Registry.
+"""The local stack: a real one-node Kubernetes cluster, Kafka + Connect, PostgreSQL, FerretDB, Apicurio Registry
+and Prometheus.
 
 Test and demo infrastructure only (never shipped with the operator). `up()` starts what is missing and
 records endpoints and pids in <run dir>/stack.json; `down()` stops every process it started and removes
@@ -37,6 +38,7 @@ from fibers_stack import (
     node,
     postgres,
     process,
+    prometheus,
     spark_operator,
 )
 from fibers_stack.launcher import Launcher
@@ -48,6 +50,8 @@ STOP_SIGNALS = {"postgres": signal.SIGINT}  # SIGINT is PostgreSQL's fast shutdo
 # Stopped in this order: clients before servers, and the node's workloads drained (see `_drain`)
 # while the kubelet still runs; the API server last but etcd.
 STOP_ORDER = (
+    "prometheus-discovery",
+    "prometheus",
     "kafka-connect",
     "apicurio",
     "kafka",
@@ -76,6 +80,7 @@ class StackInfo:
     mongodb_uri: str = ""
     registry_url: str = ""  # Apicurio Registry's base URL; its Confluent-compatible API is under /apis/ccompat/v7
     spark_kafka_jars: str = ""
+    prometheus_url: str = ""  # scrapes what the monitors in the cluster select (`prometheus.configure_from_cluster`)
     kube_pki: str = ""
     node_ip: str = network.NODE_IP
     images: dict[str, str] = field(default_factory=dict)
@@ -128,10 +133,11 @@ def current() -> StackInfo | None:
 def up() -> StackInfo:
     """Start the whole stack, or return the running one."""
     running = current()
-    if running and running.pids and not running.dead():
+    if running and running.pids and not running.dead() and set(STOP_ORDER) <= set(running.pids):
         log.info("stack already running", extra={"run_dir": running.run_dir})
         return running
     if running:
+        # Stopped, half dead, or started by an earlier version without a component this one has.
         down()
     elif orphans := _orphans(run_dir()):
         # A start or stop that was interrupted lost stack.json but left servers running: stop them first.
@@ -155,6 +161,7 @@ def up() -> StackInfo:
         "postgres": lambda: postgres.start(launcher),
         "ferretdb": lambda: ferretdb.start(launcher),
         "apicurio": lambda: apicurio.start(launcher),
+        "prometheus": lambda: prometheus.start(launcher),
     }
     try:
         with ThreadPoolExecutor(len(components)) as pool:
@@ -163,6 +170,7 @@ def up() -> StackInfo:
                 for key, value in future.result().items():
                     setattr(info, key, value)
                 log.info("%s ready", name, extra={"seconds": round(time.monotonic() - started, 1)})
+        prometheus.start_discovery(launcher, info.kubeconfig, info.prometheus_url)
     except BaseException:
         info.pids = dict(launcher.pids)
         _save(info)
@@ -189,6 +197,7 @@ def _start_kubernetes(launcher: Launcher, built: images.Images) -> dict[str, str
     api = config.new_client_from_config(config_file=endpoints["kubeconfig"])
     try:
         coredns.install(api, built.coredns)
+        prometheus.install_crds(api)
         spark_operator.install(api, endpoints["kubeconfig"], built.spark_operator, run_dir=launcher.run_dir)
         process.wait_until(
             lambda: coredns.ready(api),
@@ -321,6 +330,8 @@ def _orphans(root: Path) -> StackInfo | None:
             name = "kafka"
         elif any(Path(arg).name.startswith("apicurio-registry-app-") and arg.endswith("-runner.jar") for arg in argv):
             name = "apicurio"
+        elif "fibers_stack.discovery" in argv:
+            name = "prometheus-discovery"
         else:
             name = Path(argv[0]).name
             if name == "postgres" and "-D" not in argv:

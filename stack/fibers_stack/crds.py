@@ -17,11 +17,11 @@ from kubernetes.client.exceptions import ApiException
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
-def apply(api: client.ApiClient, *, timeout: float = 30) -> list[str]:
-    """Create or replace every CRD in crds/ and wait until each is Established; their names."""
+def apply(api: client.ApiClient, *, timeout: float = 30, paths: list[Path] | None = None) -> list[str]:
+    """Create or replace every CRD in crds/ (or in `paths`) and wait until each is Established; their names."""
     ext = client.ApiextensionsV1Api(api)
     names = []
-    for path in sorted(CRDS.glob("*.yaml")):
+    for path in paths if paths is not None else sorted(CRDS.glob("*.yaml")):
         body = yaml.safe_load(path.read_text())
         name = body["metadata"]["name"]
         try:

@@ -246,6 +246,8 @@ def _install_operator(info: StackInfo) -> None:
         "schemaRegistry": {"url": info.registry_url + CCOMPAT},
         "lineage": {"topic": LINEAGE_TOPIC},
         "kafka": {"bootstrap": info.kafka_bootstrap},
+        # The stack serves the Prometheus Operator's CRDs, and its Prometheus scrapes what they select.
+        "metrics": {"serviceMonitor": {"enabled": True, "interval": "5s"}, "prometheusRule": {"enabled": True}},
         "jobs": {
             "image": {
                 "repository": _repository(info.images["job"]),
@@ -472,6 +474,7 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     _install(api, info)
     screen.step(f"helm install {RELEASE} charts/fibers -n {RELEASE_NAMESPACE}  (the operator, as a pod)")
     _install_operator(info)
+    screen.step(f"Prometheus scrapes the operator (the chart's ServiceMonitor; its alert rules): {info.prometheus_url}")
     report = EXAMPLES / "05-transform-orders-report.yaml"  # applied once there are orders to report on
     for path in sorted(p for p in EXAMPLES.glob("0*.yaml") if p != report):
         screen.step(f"kubectl apply -f examples/{path.name}  →  {_apply(api, path)}")
@@ -519,6 +522,8 @@ Done in {time.monotonic() - started:.0f}s. The stack keeps running; explore it:
   kubectl get configmap orders-view-checkpoint -n shop -o yaml   # Databus checkpoints
   kubectl get leases -n shop                       # which consumer pod holds which partition
   kubectl logs -n {RELEASE_NAMESPACE} deploy/{RELEASE}           # the operator
+  curl -s '{info.prometheus_url}/api/v1/query?query=fibers_connector_state'   # its metrics, in Prometheus
+  {info.prometheus_url}/alerts                    # the chart's alert rules (a browser)
 
 `make demo-down` stops everything.""",
         flush=True,

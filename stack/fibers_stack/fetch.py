@@ -17,7 +17,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fibers_stack.layout import artifacts, cache_dir, helm_bin, helm_version, tools_dir, versions
+from fibers_stack.layout import (
+    artifacts,
+    cache_dir,
+    helm_bin,
+    helm_version,
+    prometheus_operator_crds,
+    tools_dir,
+    versions,
+)
 from fibers_stack.process import log_tail
 
 log = logging.getLogger("fibers_stack.fetch")
@@ -219,6 +227,16 @@ def helm() -> Path:
     return binary
 
 
+def monitoring_crds() -> Path:
+    """The Prometheus Operator's CRDs, from its Go module (downloaded, not built: ~4 MB)."""
+    crds = prometheus_operator_crds()
+    if not crds.exists():
+        module = "github.com/prometheus-operator/prometheus-operator"
+        log.info("downloading the %s module for its CRDs", module)
+        _run(["go", "mod", "download", module], tools_dir() / "prometheus-operator-crds", _go_env())
+    return crds
+
+
 def container_images() -> Path:
     """The node's images (see `images`), built from the binaries above: keep it last in COMPONENTS."""
     from fibers_stack import images  # imported here: images builds on this module
@@ -239,6 +257,7 @@ COMPONENTS: dict[str, Callable[[], Path]] = {
     "pause": pause,
     "apicurio": apicurio,
     "connect-converters": connect_converters,
+    "monitoring-crds": monitoring_crds,
     "images": container_images,  # last: it needs pause, coredns and spark-operator
 }
 

@@ -59,6 +59,7 @@ class Versions:
     coredns: str
     spark_operator: str
     apicurio: str
+    prometheus_operator: str  # its CRDs only: the stack's Prometheus is Debian's package
 
 
 @cache
@@ -74,6 +75,9 @@ def versions() -> Versions:
         coredns=_go_require(tools / "coredns" / "go.mod", "github.com/coredns/coredns"),
         spark_operator=_go_require(tools / "spark-operator" / "go.mod", "github.com/kubeflow/spark-operator/v2"),
         apicurio=_pom_property(tools / "apicurio" / "pom.xml", "apicurio.version"),
+        prometheus_operator=_go_require(
+            tools / "prometheus-operator-crds" / "go.mod", "github.com/prometheus-operator/prometheus-operator"
+        ),
     )
 
 
@@ -139,3 +143,9 @@ def go_module_dir(module: str, version: str) -> Path:
 def spark_operator_module() -> Path:
     """The Spark Operator's module: its CRDs (config/crd/bases) and Helm chart (charts/spark-operator-chart)."""
     return go_module_dir("github.com/kubeflow/spark-operator/v2", versions().spark_operator)
+
+
+def prometheus_operator_crds() -> Path:
+    """The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule, …) in its module."""
+    module = go_module_dir("github.com/prometheus-operator/prometheus-operator", versions().prometheus_operator)
+    return module / "example" / "prometheus-operator-crd"

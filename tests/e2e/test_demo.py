@@ -6,9 +6,12 @@ pod, Spark drivers and executors and the consumers as pods on the node.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 from typing import Any
 
 import psycopg
@@ -17,7 +20,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers_stack import StackInfo
+from fibers_stack import StackInfo, prometheus
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.demo
@@ -33,6 +36,34 @@ def _demo(stack_info: StackInfo) -> subprocess.CompletedProcess[str]:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def _rule_groups(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=30) as answer:
+        return list(json.loads(answer.read())["data"]["groups"])
+
+
+def _prometheus_sees_the_pipeline(url: str) -> None:
+    """The stack's Prometheus, configured from the chart's ServiceMonitor and PrometheusRule as the demo
+    installed them, scrapes the operator pod and evaluates every alert rule; every series a rule names
+    has data, and the resources' own namespace is kept (honorLabels)."""
+    assert prometheus.wait_for(url, 'up{job="fibers-metrics", namespace="fibers-system"} == 1'), "operator scraped"
+    assert prometheus.wait_for(url, 'fibers_connector_state{namespace="shop", name="orders-cdc", state="RUNNING"}')
+    groups = wait_for(
+        lambda: (g := _rule_groups(url)) and all(r["health"] == "ok" for x in g for r in x["rules"]) and g,
+        timeout=60,
+        what="every rule evaluated",
+    )
+    assert {g["name"] for g in groups} == {"fibers.operator", "fibers.connect", "fibers.databus", "fibers.transform"}
+    named = set(re.findall(r"\b(fibers_[a-z_]+|up)\b", " ".join(r["query"] for g in groups for r in g["rules"])))
+    assert len(named) >= 8
+    # A schedule's series exists once a Transform's schedule has fired; the demo's Transforms have none.
+    scheduled_only = {"fibers_transform_last_schedule_timestamp_seconds"}
+    assert scheduled_only <= named
+    for metric in sorted(named - scheduled_only):
+        assert prometheus.wait_for(url, metric, timeout=60), f"{metric}: no data in Prometheus"
+    firing = [r["name"] for g in groups for r in g["rules"] if r.get("state") == "firing"]
+    assert firing == [], f"alerts firing on the healthy demo: {firing}"
 
 
 def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: ApiClient) -> None:
@@ -84,6 +115,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
         assert pod.spec.containers[0].image == stack_info.images["job"], pod.metadata.name
     assert "shop/orders-view-0 " in result.stdout  # the live view lists the pods (a StatefulSet names them)
     assert "pipeline shop/shop-orders: 6 steps" in result.stdout  # … after the chain, as `fibers pipeline` prints it
+    _prometheus_sees_the_pipeline(stack_info.prometheus_url)
 
     # `fibers pipeline` prints the chain upstream first, every step Ready.
     def pipeline_now() -> subprocess.CompletedProcess[str]:

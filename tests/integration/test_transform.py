@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
+from fibers.conditions import parse_time
 from fibers_stack import StackInfo, spark_operator
 from tests.helpers import Resources, produce, read_topic, wait_for
 from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess
@@ -256,7 +257,7 @@ def test_what_passes_admission_but_cannot_run_is_invalid_spec_at_once(
 
 
 def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(
-    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str, operator: OperatorProcess
 ) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.json").write_text("".join(json.dumps(o) + "\n" for o in orders(4)))
@@ -297,8 +298,21 @@ def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(
     assert status["lastRerunNonce"] == "again"
     assert out_rows(tmp_path / "out") == [{"n": 7}]
     assert len(spark_apps(kube, namespace, unique)) == 2
+    # Each run counted once, as the Spark Operator counts SparkApplications; the age of the output.
+    labels = {"namespace": namespace, "name": unique}
+    assert operator.metric("fibers_transform_submit_count_total", **labels) == [2.0]
+    assert operator.metric("fibers_transform_success_count_total", **labels) == [2.0]
+    assert operator.metric("fibers_transform_failure_count_total", **labels) == [0.0]  # there from the start
+    assert operator.metric("fibers_transform_success_execution_time_seconds_count", **labels) == [2.0]
+    finished = parse_time(status["currentRun"]["finishedAt"]).timestamp()
+    assert operator.metric("fibers_transform_last_success_timestamp_seconds", **labels) == [finished]
 
     transforms.delete(unique)
+    wait_for(
+        lambda: not operator.metric("fibers_transform_success_count_total", **labels),
+        timeout=60,
+        what="the deleted Transform's series gone",
+    )
     wait_for(lambda: not spark_apps(kube, namespace, unique), timeout=60, what="runs garbage-collected")
     wait_for(lambda: not spark_pods(kube, namespace, first), timeout=60, what="the runs' pods garbage-collected")
 
@@ -361,7 +375,7 @@ def test_streaming_keeps_up_suspends_and_resumes_without_duplicates(
 
 
 def test_schedule_fires_runs_and_trims_history(
-    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
+    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str, operator: OperatorProcess
 ) -> None:
     (tmp_path / "in.json").write_text('{"id": 1}\n')
     transforms.create(
@@ -390,6 +404,10 @@ def test_schedule_fires_runs_and_trims_history(
         unique, lambda s: s.get("lastSuccessfulRun") in seen, timeout=180, what="a scheduled run completed"
     )
     wait_for(lambda: len(spark_apps(kube, namespace, unique)) <= 2, timeout=120, what="history trimmed")
+    # When the schedule last fired, for the overdue alert (a run that completes ends after it).
+    fired = parse_time(transforms.status(unique)["lastScheduleTime"]).timestamp()
+    labels = {"namespace": namespace, "name": unique}
+    assert operator.metric("fibers_transform_last_schedule_timestamp_seconds", **labels)[0] >= fired
     transforms.delete(unique)
 
 

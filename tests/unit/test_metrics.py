@@ -37,3 +37,45 @@ def test_a_deleted_consumers_series_go_with_it_and_a_removed_sink_goes_at_once()
     metrics.forget_consumer("shop", "gone-view")
     for name in ("fibers_databus_consumer_lag", "fibers_databus_events_processed", "fibers_databus_sink_windows"):
         assert series(name, "gone-view") == [], name
+
+
+def test_reconcile_counters_of_declared_kinds_are_served_at_zero_before_any_reconcile() -> None:
+    """An error-rate alert evaluates to 0 rather than "no data" on an operator that has had no error."""
+
+    def errors(kind: str) -> list[float]:
+        return [
+            sample.value
+            for family in REGISTRY.collect()
+            for sample in family.samples
+            if sample.name == "fibers_reconcile_errors_total" and sample.labels.get("kind") == kind
+        ]
+
+    assert errors("NeverReconciled") == []
+    metrics.declare_kinds(("NeverReconciled",))
+    assert errors("NeverReconciled") == [0.0]
+
+
+def test_a_transform_run_is_counted_once_when_it_ends_and_its_series_go_with_the_transform() -> None:
+    from fibers.transform import runs
+
+    submitted = {"name": "r1", "submittedAt": "2026-11-24T10:00:00Z", "applicationState": "RUNNING"}
+    done = {**submitted, "applicationState": "COMPLETED", "finishedAt": "2026-11-24T10:01:30Z", "recordsOut": 42}
+    assert runs.run_ended({"currentRun": submitted}, {"currentRun": done}) == runs.RunEnd(True, 90.0)
+    assert runs.run_ended({"currentRun": done}, {"currentRun": done}) is None  # the same end, seen again
+    failed = {**submitted, "name": "r2", "applicationState": "FAILED"}
+    assert runs.run_ended({"currentRun": done}, {"currentRun": failed}) == runs.RunEnd(False, None)  # a new run
+    assert runs.run_ended({"currentRun": done}, {"currentRun": {**submitted, "name": "r2"}}) is None
+    assert runs.last_success({"currentRun": done}) == (1795514490.0, 42)
+    assert runs.last_success({"currentRun": failed}) is None
+
+    metrics.transform_submitted("shop", "gone-report")
+    metrics.transform_run_ended("shop", "gone-report", succeeded=True, seconds=90.0)
+    metrics.transform_last_success("shop", "gone-report", ended_at=1795514490.0, records=42)
+    assert series("fibers_transform_success_count_total", "gone-report") == [
+        {"namespace": "shop", "name": "gone-report"}
+    ]
+    assert series("fibers_transform_records_written", "gone-report")
+    metrics.forget_transform("shop", "gone-report")
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            assert sample.labels.get("name") != "gone-report", sample.name

@@ -11,12 +11,25 @@ from fibers_stack import layout
 
 @pytest.fixture
 def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    recipes = ("k8sbin", "ferretdb", "kafka", "debezium", "spark-kafka", "coredns", "spark-operator", "pause")
+    recipes = (
+        "k8sbin",
+        "ferretdb",
+        "kafka",
+        "debezium",
+        "spark-kafka",
+        "coredns",
+        "spark-operator",
+        "pause",
+        "prometheus-operator-crds",
+    )
     for name in (*recipes, "apicurio", "apicurio-converter"):
         (tmp_path / name).mkdir()
     (tmp_path / "coredns" / "go.mod").write_text("module c\n\nrequire github.com/coredns/coredns v1.14.7\n")
     (tmp_path / "spark-operator" / "go.mod").write_text(
         "module s\n\nrequire github.com/kubeflow/spark-operator/v2 v2.5.0\n"
+    )
+    (tmp_path / "prometheus-operator-crds" / "go.mod").write_text(
+        "// a comment\nmodule p\n\nrequire github.com/prometheus-operator/prometheus-operator v0.85.0\n"
     )
     (tmp_path / "k8sbin" / "go.mod").write_text(
         "module x\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 v3.6.5\n\tk8s.io/kubernetes v1.35.4\n)\n"
@@ -45,6 +58,7 @@ def test_versions_come_from_the_recipes(tools: Path) -> None:
         coredns="v1.14.7",
         spark_operator="v2.5.0",
         apicurio="2.6.13.Final",
+        prometheus_operator="v0.85.0",
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import kopf
 
+from fibers import metrics
 from fibers.api import GROUP, VERSION
 from fibers.outages import api_outage_is_temporary
 from fibers.transform import sparkapp
@@ -41,3 +42,9 @@ async def run_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     owner = body["metadata"]["labels"][sparkapp.LABEL_TRANSFORM]
     with api_outage_is_temporary():
         await _reconciler(memo).reconcile(body["metadata"]["namespace"], owner)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+async def transform_deleted(body: kopf.Body, **_: Any) -> None:
+    """Its series go with it (the SparkApplications go by their owner references)."""
+    metrics.forget_transform(body["metadata"]["namespace"], body["metadata"]["name"])

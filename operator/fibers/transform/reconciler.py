@@ -16,7 +16,7 @@ from typing import Any
 
 from fibers import metrics, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
-from fibers.conditions import format_time, utcnow
+from fibers.conditions import format_time, parse_time, utcnow
 from fibers.kube import Kube
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
@@ -176,6 +176,7 @@ class TransformReconciler:
                     extra={**ctx, "run": run, "trigger": trigger},
                 )
                 if created:
+                    metrics.transform_submitted(namespace, view.name)
                     self._event(view, "RunSubmitted", f"submitted run {run} ({trigger})")
                 apps = await self.apps.list_for(namespace, view.name)
 
@@ -197,10 +198,18 @@ class TransformReconciler:
 
     async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:
         before = view.status
+        namespace = view.body["metadata"]["namespace"]
+        metrics.transform_seen(namespace, view.name)
+        # Set from status at every reconcile, so they survive an operator restart.
+        if success := runs.last_success(status):
+            metrics.transform_last_success(namespace, view.name, ended_at=success[0], records=success[1])
+        if fired := status.get("lastScheduleTime"):
+            metrics.transform_last_schedule(namespace, view.name, parse_time(fired).timestamp())
         if status == before:
             return
-        namespace = view.body["metadata"]["namespace"]
         await self.kube.replace_status(PLURAL, namespace, view.name, status, before)
+        if end := runs.run_ended(before, status):  # counted once: the status write above succeeded
+            metrics.transform_run_ended(namespace, view.name, succeeded=end.succeeded, seconds=end.seconds)
         old_phase, new_phase = before.get("phase"), status.get("phase")
         if old_phase != new_phase:
             ready: dict[str, Any] = next((c for c in status["conditions"] if c["type"] == "Ready"), {})

@@ -328,3 +328,36 @@ def _executors_text(run: dict[str, Any]) -> str:
     if not counts:
         return ""
     return ", executors: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items())
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """A run that reached its end between two statuses: what the metrics count."""
+
+    succeeded: bool
+    seconds: float | None  # submission to end, when both are known
+
+
+def _final(state: str) -> bool:
+    return state in FINISHED_OK | FINISHED_FAILED or state == DEADLINE
+
+
+def run_ended(before: dict[str, Any], after: dict[str, Any]) -> RunEnd | None:
+    """The current run ended in `after` and had not in `before` (a new run, or the same one moving on)."""
+    old, new = before.get("currentRun") or {}, after.get("currentRun") or {}
+    state = str(new.get("applicationState", ""))
+    if not _final(state) or (old.get("name") == new.get("name") and _final(str(old.get("applicationState", "")))):
+        return None
+    seconds = None
+    if new.get("submittedAt") and new.get("finishedAt"):
+        seconds = max(0.0, (parse_time(new["finishedAt"]) - parse_time(new["submittedAt"])).total_seconds())
+    return RunEnd(succeeded=state in FINISHED_OK, seconds=seconds)
+
+
+def last_success(status: dict[str, Any]) -> tuple[float, int | None] | None:
+    """When the current run completed (Unix time) and the records it wrote, if it completed."""
+    run = status.get("currentRun") or {}
+    if run.get("applicationState") not in FINISHED_OK or not run.get("finishedAt"):
+        return None
+    records = run.get("recordsOut")
+    return parse_time(run["finishedAt"]).timestamp(), int(records) if isinstance(records, int) else None
