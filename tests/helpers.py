@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from confluent_kafka import Consumer, KafkaException
 
 T = TypeVar("T")
@@ -267,3 +271,17 @@ def avro_converter(registry_url: str) -> dict[str, str]:
         f"{prefix}.apicurio.registry.use-id": "contentId",
         f"{prefix}.apicurio.registry.headers.enabled": "false",
     }
+
+
+CHART = Path(__file__).resolve().parents[1] / "charts" / "fibers"
+
+
+def render_chart(helm: Path, namespace: str, values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    """`helm template rel charts/fibers` with these values: the objects it renders."""
+    values_file = tmp_path / f"values-{uuid.uuid4().hex[:6]}.json"
+    values_file.write_text(json.dumps(values))  # JSON is YAML
+    argv = [str(helm), "template", "rel", str(CHART), "--namespace", namespace, "--values", str(values_file)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template failed:\n{result.stdout}\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]

@@ -80,7 +80,7 @@ class StackInfo:
     mongodb_uri: str = ""
     registry_url: str = ""  # Apicurio Registry's base URL; its Confluent-compatible API is under /apis/ccompat/v7
     spark_kafka_jars: str = ""
-    prometheus_url: str = ""  # scrapes what the monitors in the cluster select (`prometheus.configure_from_cluster`)
+    prometheus_url: str = ""  # scrapes what the monitors in the cluster select (`prometheus.sync`)
     kube_pki: str = ""
     node_ip: str = network.NODE_IP
     images: dict[str, str] = field(default_factory=dict)

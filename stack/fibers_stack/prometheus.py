@@ -65,7 +65,7 @@ def home(run_dir: Path) -> Path:
 
 
 def start(launcher: Launcher) -> dict[str, str]:
-    """Prometheus with no job but itself; `configure` adds the monitors' jobs once the cluster has them."""
+    """Prometheus with no scrape job yet; the discovery loop (`sync`) adds the monitors' jobs and rules."""
     root = home(launcher.run_dir)
     (root / "rules").mkdir(parents=True, exist_ok=True)
     (root / "data").mkdir(exist_ok=True)
@@ -79,7 +79,7 @@ def start(launcher: Launcher) -> dict[str, str]:
             f"--config.file={root / 'prometheus.yml'}",
             f"--storage.tsdb.path={root / 'data'}",
             f"--web.listen-address={NODE_IP}:{port}",
-            "--web.enable-lifecycle",  # POST /-/reload after `configure`
+            "--web.enable-lifecycle",  # POST /-/reload after `sync` changed the jobs or rules
             "--storage.tsdb.retention.time=1d",
         ],
     )
@@ -338,13 +338,3 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
     if body.get("status") != "success":
         raise RuntimeError(f"query {promql!r} failed: {body}")
     return list(body["data"]["result"])
-
-
-def wait_for(url: str, promql: str, timeout: float = 120) -> list[dict[str, Any]]:
-    """Query until the result is not empty (a new target is scraped within a scrape interval or two)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = query(url, promql)
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(1)

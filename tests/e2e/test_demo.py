@@ -47,8 +47,12 @@ def _prometheus_sees_the_pipeline(url: str) -> None:
     """The stack's Prometheus, configured from the chart's ServiceMonitor and PrometheusRule as the demo
     installed them, scrapes the operator pod and evaluates every alert rule; every series a rule names
     has data, and the resources' own namespace is kept (honorLabels)."""
-    assert prometheus.wait_for(url, 'up{job="fibers-metrics", namespace="fibers-system"} == 1'), "operator scraped"
-    assert prometheus.wait_for(url, 'fibers_connector_state{namespace="shop", name="orders-cdc", state="RUNNING"}')
+
+    def data(promql: str, timeout: float = 120) -> list[dict[str, Any]]:
+        return wait_for(lambda: prometheus.query(url, promql), timeout=timeout, what=f"{promql} in Prometheus")
+
+    data('up{job="fibers-metrics", namespace="fibers-system"} == 1')  # the operator pod, scraped
+    data('fibers_connector_state{namespace="shop", name="orders-cdc", state="RUNNING"}')
     groups = wait_for(
         lambda: (g := _rule_groups(url)) and all(r["health"] == "ok" for x in g for r in x["rules"]) and g,
         timeout=60,
@@ -61,7 +65,7 @@ def _prometheus_sees_the_pipeline(url: str) -> None:
     scheduled_only = {"fibers_transform_last_schedule_timestamp_seconds"}
     assert scheduled_only <= named
     for metric in sorted(named - scheduled_only):
-        assert prometheus.wait_for(url, metric, timeout=60), f"{metric}: no data in Prometheus"
+        data(metric, timeout=60)
     firing = [r["name"] for g in groups for r in g["rules"] if r.get("state") == "firing"]
     assert firing == [], f"alerts firing on the healthy demo: {firing}"
 

@@ -39,12 +39,11 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find
 from fibers_stack import StackInfo, fetch
-from tests.helpers import Resources, produce, read_topic, wait_for
+from tests.helpers import CHART, Resources, produce, read_topic, render_chart, wait_for
 
 pytestmark = pytest.mark.chart
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "fibers"
 FIXTURES = REPO / "tests" / "fixtures" / "status"
 HEALTH_LUA = CHART / "argocd" / "health.lua"
 
@@ -63,13 +62,6 @@ def run(argv: list[Any], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, argv[:3]))} … failed:\n{result.stdout}\n{result.stderr}")
     return result
-
-
-def render(helm: Path, namespace: str, values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
-    values_file = tmp_path / f"values-{uuid.uuid4().hex[:6]}.json"
-    values_file.write_text(json.dumps(values))  # JSON is YAML
-    out = run([helm, "template", "rel", CHART, "--namespace", namespace, "--values", values_file]).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
 def dry_run(kube: ApiClient, method: str, path: str, body: dict[str, Any], content_type: str) -> None:
@@ -150,7 +142,7 @@ def test_template_is_valid_for_the_real_apiserver(
         "standby": {"enabled": True},
         "logLevel": "debug",
     }
-    docs = render(helm, namespace, values, tmp_path)
+    docs = render_chart(helm, namespace, values, tmp_path)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "ServiceAccount", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= kinds
     for deployment in by_kind(docs, "Deployment"):  # both peers know how long a silent one counts as alive
@@ -244,7 +236,7 @@ def test_argocd_example_waves_and_manifests(helm: Path, kube: ApiClient, namespa
     }
     assert wave(apps["fibers-operator"]) < wave(apps["orders-pipeline"])
     assert apps["orders-pipeline"]["spec"]["source"]["path"] == "examples/argocd/pipeline"
-    render(helm, namespace, apps["fibers-operator"]["spec"]["source"]["helm"]["valuesObject"], tmp_path)  # schema
+    render_chart(helm, namespace, apps["fibers-operator"]["spec"]["source"]["helm"]["valuesObject"], tmp_path)  # schema
     pipeline = {
         d["kind"]: d for f in sorted((examples / "pipeline").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
     }

@@ -11,9 +11,7 @@ tests/e2e/test_demo.py.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +19,17 @@ import pytest
 import yaml
 
 from fibers_stack import fetch, prometheus
+from tests.helpers import render_chart
 
 pytestmark = pytest.mark.chart
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "fibers"
 RELEASE, NAMESPACE = "rel", "fibers-system"
 JOB = f"{RELEASE}-fibers-metrics"  # the metrics Service's name: the Prometheus Operator's job label
 
 
 def rendered(tmp_path: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
-    values_file = tmp_path / f"values-{uuid.uuid4().hex[:6]}.json"
-    values_file.write_text(json.dumps(values))
-    argv = [str(fetch.helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(values_file)]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return render_chart(fetch.helm(), NAMESPACE, values, tmp_path)
 
 
 def rule_groups(tmp_path: Path) -> list[dict[str, Any]]:
