@@ -67,7 +67,9 @@ def _consume(args: argparse.Namespace) -> int:
         api = Api()
         pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV, "")  # in the StatefulSet's pods
         members = Members.of_pod(api, config.namespace, config.name, pod, uid) if pod else None
-        runtime = Runtime(config, api, members=members)
+        runtime = Runtime(config, api, members=members, telemetry=bool(args.metrics_port))
+        if runtime.telemetry:
+            runtime.telemetry.serve(args.metrics_port)
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
         return _crashed(exc, config.secrets())
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     consume_cmd = sub.add_parser("consume", help="run a DatabusConsumer instance (what its pods run)")
     consume_cmd.add_argument("--config", help="rendered consumer configuration (JSON); default $FIBERS_CONSUMER_CONFIG")
     consume_cmd.add_argument("--instance", type=int, help="this instance's number (overrides the configuration)")
+    consume_cmd.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     consume_cmd.set_defaults(func=_consume)
 
     pipeline_cmd = sub.add_parser("pipeline", help="print a pipeline's steps in order and its first broken link")

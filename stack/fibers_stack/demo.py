@@ -247,7 +247,12 @@ def _install_operator(info: StackInfo) -> None:
         "lineage": {"topic": LINEAGE_TOPIC},
         "kafka": {"bootstrap": info.kafka_bootstrap},
         # The stack serves the Prometheus Operator's CRDs, and its Prometheus scrapes what they select.
-        "metrics": {"serviceMonitor": {"enabled": True, "interval": "5s"}, "prometheusRule": {"enabled": True}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "interval": "5s"},
+            "podMonitor": {"enabled": True, "interval": "5s"},
+            "grafanaDashboards": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+        },
         "jobs": {
             "image": {
                 "repository": _repository(info.images["job"]),

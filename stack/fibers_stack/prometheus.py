@@ -110,20 +110,34 @@ def _label(name: str) -> str:
 
 
 def _selector_keeps(kind: str, selector: dict[str, Any]) -> list[dict[str, Any]]:
-    unsupported = set(selector) - {"matchLabels"}
+    """A label selector as relabelling rules, as the Prometheus Operator writes them: matchLabels and the
+    four operators of matchExpressions."""
+    unsupported = set(selector) - {"matchLabels", "matchExpressions"}
     if unsupported:
         raise ValueError(f"selector fields not translated here: {sorted(unsupported)}")
-    return [
-        {
-            "source_labels": [
-                f"__meta_kubernetes_{kind}_label_{_label(key)}",
-                f"__meta_kubernetes_{kind}_labelpresent_{_label(key)}",
-            ],
-            "regex": f"({re.escape(str(value))});true",
-            "action": "keep",
-        }
+
+    def sources(key: str) -> list[str]:
+        return [f"__meta_kubernetes_{kind}_label_{_label(key)}", f"__meta_kubernetes_{kind}_labelpresent_{_label(key)}"]
+
+    rules = [
+        {"source_labels": sources(key), "regex": f"({re.escape(str(value))});true", "action": "keep"}
         for key, value in (selector.get("matchLabels") or {}).items()
     ]
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        values = "|".join(re.escape(str(v)) for v in expression.get("values") or [])
+        present = [sources(key)[1]]
+        if operator == "In":
+            rules.append({"source_labels": sources(key), "regex": f"({values});true", "action": "keep"})
+        elif operator == "NotIn":
+            rules.append({"source_labels": sources(key), "regex": f"({values});true", "action": "drop"})
+        elif operator == "Exists":
+            rules.append({"source_labels": present, "regex": "true", "action": "keep"})
+        elif operator == "DoesNotExist":
+            rules.append({"source_labels": present, "regex": "true", "action": "drop"})
+        else:
+            raise ValueError(f"selector operator not translated here: {operator}")
+    return rules
 
 
 def _namespaces(monitor: dict[str, Any]) -> list[str]:

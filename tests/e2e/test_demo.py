@@ -53,6 +53,14 @@ def _prometheus_sees_the_pipeline(url: str) -> None:
 
     data('up{job="fibers-metrics", namespace="fibers-system"} == 1')  # the operator pod, scraped
     data('fibers_connector_state{namespace="shop", name="orders-cdc", state="RUNNING"}')
+    # The consumer pods, through the chart's PodMonitor: each serves its own figures, joined to the
+    # operator's on (namespace, name); the view has applied the demo's changes and caught up.
+    data('up{job="fibers-system/fibers-consumers", namespace="shop", pod="orders-view-0"} == 1')
+    data('fibers_consumer_events_total{namespace="shop", name="orders-view"} > 0')
+    data('fibers_consumer_mode{namespace="shop", name="orders-view", mode="ONLINE_CONSUMPTION"} == 1')
+    data('sum by (namespace, name) (fibers_consumer_lag{namespace="shop", name="orders-view"}) == 0')
+    # The store follows the relay (the view bootstraps from it): its windows were timed from the source.
+    data('fibers_consumer_window_latency_seconds_count{namespace="shop", name="orders-store"} > 0')
     groups = wait_for(
         lambda: (g := _rule_groups(url)) and all(r["health"] == "ok" for x in g for r in x["rules"]) and g,
         timeout=60,
@@ -68,6 +76,36 @@ def _prometheus_sees_the_pipeline(url: str) -> None:
         data(metric, timeout=60)
     firing = [r["name"] for g in groups for r in g["rules"] if r.get("state") == "firing"]
     assert firing == [], f"alerts firing on the healthy demo: {firing}"
+
+
+# What Grafana puts in a panel's query before it sends it: the dashboard's variables at "All", an interval.
+GRAFANA_VARIABLES = {'=~"$namespace"': '=~".*"', "$__rate_interval": "1m", "$__range": "1h"}
+
+
+def _dashboards_have_data(url: str, kube: ApiClient) -> None:
+    """Every panel of every dashboard the chart installed (read from its ConfigMaps, as Grafana's sidecar
+    reads them) returns data from the demo's Prometheus, but the one about schedules the demo has none of."""
+    maps = client.CoreV1Api(kube).list_namespaced_config_map("fibers-system", label_selector="grafana_dashboard=1")
+    boards = [json.loads(text) for cm in maps.items for text in (cm.data or {}).values()]
+    assert {b["uid"] for b in boards} == {"fibers-operator", "fibers-connect", "fibers-databus", "fibers-transform"}
+    queries = 0
+    for board in boards:
+        for panel in board["panels"]:
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            if "fibers_transform_last_schedule_timestamp_seconds" in json.dumps(panel["targets"]):
+                continue
+            for target in panel["targets"]:
+                promql = target["expr"]
+                for variable, value in GRAFANA_VARIABLES.items():
+                    promql = promql.replace(variable, value)
+                assert "$" not in promql, promql
+                wait_for(
+                    lambda q=promql: prometheus.query(url, q),
+                    timeout=60,
+                    what=f"{board['title']} / {panel['title']}: {promql}",
+                )
+                queries += 1
+    assert queries >= 25
 
 
 def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: ApiClient) -> None:
@@ -120,6 +158,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     assert "shop/orders-view-0 " in result.stdout  # the live view lists the pods (a StatefulSet names them)
     assert "pipeline shop/shop-orders: 6 steps" in result.stdout  # … after the chain, as `fibers pipeline` prints it
     _prometheus_sees_the_pipeline(stack_info.prometheus_url)
+    _dashboards_have_data(stack_info.prometheus_url, kube)
 
     # `fibers pipeline` prints the chain upstream first, every step Ready.
     def pipeline_now() -> subprocess.CompletedProcess[str]:

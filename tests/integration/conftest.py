@@ -79,6 +79,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def scrape(port: int, series: str, /, **labels: str) -> list[float]:
+    """The values of the samples `series` with these labels (among others) on a local process's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == series and labels.items() <= sample.labels.items()
+    ]
+
+
 class OperatorProcess:
     """`fibers run` as a subprocess watching one namespace, with its log kept in a file."""
 
@@ -117,13 +128,7 @@ class OperatorProcess:
 
     def metric(self, series: str, /, **labels: str) -> list[float]:
         """The values of the samples `series` with these labels (among others) on its /metrics now."""
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        return [
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == series and labels.items() <= sample.labels.items()
-        ]
+        return scrape(self.metrics_port, series, **labels)
 
     def log(self) -> str:
         return self.log_file.read_text(errors="replace")

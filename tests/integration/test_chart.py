@@ -138,13 +138,28 @@ def test_template_is_valid_for_the_real_apiserver(
         "watch": {"namespaces": watched},
         "jobs": {"serviceAccount": {"namespaces": [namespace, restricted_namespace]}},
         "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {}}]},
-        "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "grafanaDashboards": {"enabled": True},
+        },
         "standby": {"enabled": True},
         "logLevel": "debug",
     }
     docs = render_chart(helm, namespace, values, tmp_path)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "ServiceAccount", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= kinds
+    # The PodMonitor looks where the consumers run; the dashboards carry the sidecar's label.
+    [pod_monitor] = by_kind(docs, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == ({"matchNames": watched} if watched else {"any": True})
+    dashboards = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert {json.loads(text)["uid"] for d in dashboards for text in d["data"].values()} == {
+        "fibers-operator",
+        "fibers-connect",
+        "fibers-databus",
+        "fibers-transform",
+    }
     for deployment in by_kind(docs, "Deployment"):  # both peers know how long a silent one counts as alive
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert {"name": "FIBERS_PEERING_LIFETIME", "value": "60"} in container["env"]

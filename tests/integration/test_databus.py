@@ -31,7 +31,7 @@ from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
 from fibers_stack import StackInfo, node
 from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
-from tests.integration.conftest import OperatorProcess
+from tests.integration.conftest import OperatorProcess, free_port, scrape
 
 pytestmark = pytest.mark.databus
 PG = psycopg.Connection[tuple[Any, ...]]
@@ -311,7 +311,11 @@ def test_malformed_checkpoint_is_reported_not_reset(
 
 
 def run_consumer(
-    stack_info: StackInfo, config: dict[str, Any], log_file: Path, extra_env: dict[str, str] | None = None
+    stack_info: StackInfo,
+    config: dict[str, Any],
+    log_file: Path,
+    extra_env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -322,7 +326,7 @@ def run_consumer(
     }
     with open(log_file, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "fibers", "consume", "--config", json.dumps(config)],
+            [sys.executable, "-m", "fibers", "consume", "--config", json.dumps(config), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -469,13 +473,31 @@ def test_callback_error_rolls_back_and_retries(
         {"type": "callback", "callback": "flaky_callback:Flaky", "options": {"journal": str(journal)}},
         callback={"retries": 3, "retryBackoffSeconds": 0.2},
     )
-    proc = run_consumer(stack_info, config, tmp_path / "consumer.log", {"PYTHONPATH": str(tmp_path)})
+    port = free_port()
+    proc = run_consumer(
+        stack_info, config, tmp_path / "consumer.log", {"PYTHONPATH": str(tmp_path)}, args=("--metrics-port", str(port))
+    )
     try:
         wait_for(
             lambda: journal.exists() and journal.read_text().count('"event"') >= 6,
             timeout=60,
             what="all events delivered",
         )
+        # What the pod serves for the PodMonitor tells the same story: two rollbacks, each a sink error, and
+        # every event applied once; the partition's checkpoint caught up with the relay.
+        wait_for(
+            lambda: scrape(port, "fibers_consumer_lag", topic=unique, partition="0") == [0], timeout=30, what="lag 0"
+        )
+        assert scrape(port, "fibers_consumer_events_total", name=unique) == [6]
+        assert scrape(port, "fibers_consumer_rollbacks_total", phase="online") == [2]
+        assert scrape(port, "fibers_consumer_callback_errors_total", sink="callback") == [2]
+        assert scrape(port, "fibers_consumer_retry_attempt") == [0]
+        assert scrape(port, "fibers_consumer_mode", mode="ONLINE_CONSUMPTION") == [1]
+        assert scrape(port, "fibers_consumer_timelines") == [1]
+        assert scrape(port, "fibers_consumer_checkpoint_writes_total")[0] >= 1
+        (age,) = scrape(port, "fibers_consumer_checkpoint_age_seconds", topic=unique, partition="0")
+        assert 0 <= age < 60
+        assert scrape(port, "fibers_consumer_callback_seconds_count", sink="callback")[0] >= 3
     finally:
         proc.terminate()
         proc.wait(30)

@@ -72,6 +72,15 @@ TRANSFORM = {"namespace": "shop", "name": "orders-report"}
 # Unix times in the test's clock, which starts at 0: the schedule fired at 10m (600 s).
 LAST_SCHEDULE = {"__name__": "fibers_transform_last_schedule_timestamp_seconds", **TRANSFORM}
 LAST_SUCCESS = {"__name__": "fibers_transform_last_success_timestamp_seconds", **TRANSFORM}
+# A consumer pod's series, as the PodMonitor's scrape labels them.
+CONSUMER_POD = {**CONSUMER, "pod": "orders-view-0"}
+AGE = {
+    "__name__": "fibers_consumer_checkpoint_age_seconds",
+    **CONSUMER_POD,
+    "topic": "shop.public.orders",
+    "partition": "0",
+}
+PARTITION_LAG = {**AGE, "__name__": "fibers_consumer_lag"}
 CASES: dict[str, dict[str, Any]] = {
     "FibersOperatorDown": {
         "at": "10m",
@@ -119,6 +128,14 @@ CASES: dict[str, dict[str, Any]] = {
         "firing": [({"__name__": "fibers_databus_sink_errors", **CONSUMER, "sink": "mongo"}, "0 0 0 1 2 3x10")],
         "healthy": [({"__name__": "fibers_databus_sink_errors", **CONSUMER, "sink": "mongo"}, "4x15")],
         "labels": {"severity": "warning", **CONSUMER, "sink": "mongo"},
+    },
+    "FibersConsumerCheckpointStale": {  # the chart's defaults: 600 s, for 5m
+        "at": "20m",
+        # records to consume, and the checkpoint has not moved since the start
+        "firing": [(AGE, "0+60x30"), (PARTITION_LAG, "5x30")],
+        # as old, but nothing to consume: an idle consumer writes no checkpoint
+        "healthy": [(AGE, "0+60x30"), (PARTITION_LAG, "0x30")],
+        "labels": {"severity": "critical", **CONSUMER_POD, "topic": "shop.public.orders", "partition": "0"},
     },
     "FibersTransformFailed": {
         "at": "20m",

@@ -47,9 +47,50 @@ def test_what_the_translation_does_not_know_is_refused_by_name(tmp_path: Path) -
     }
     with pytest.raises(ValueError, match="relabelings"):
         prometheus.scrape_jobs(relabelled, "servicemonitors", tmp_path)
-    expressions = {**SERVICE_MONITOR, "spec": {**SERVICE_MONITOR["spec"], "selector": {"matchExpressions": []}}}
-    with pytest.raises(ValueError, match="matchExpressions"):
-        prometheus.scrape_jobs(expressions, "servicemonitors", tmp_path)
+    fields = {**SERVICE_MONITOR, "spec": {**SERVICE_MONITOR["spec"], "selector": {"matchFields": []}}}
+    with pytest.raises(ValueError, match="matchFields"):
+        prometheus.scrape_jobs(fields, "servicemonitors", tmp_path)
+    like = {"matchExpressions": [{"key": "a", "operator": "Like", "values": ["b"]}]}
+    with pytest.raises(ValueError, match="Like"):
+        prometheus.scrape_jobs(
+            {**SERVICE_MONITOR, "spec": {**SERVICE_MONITOR["spec"], "selector": like}}, "servicemonitors", tmp_path
+        )
+
+
+def test_a_pod_monitor_keeps_the_pods_its_expressions_select(tmp_path: Path) -> None:
+    """The chart's PodMonitor selects consumer pods by the presence of their label, in any namespace."""
+    monitor = {
+        "metadata": {"name": "fibers-consumers", "namespace": "fibers-system"},
+        "spec": {
+            "selector": {
+                "matchExpressions": [
+                    {"key": "fibers.dev/databusconsumer", "operator": "Exists"},
+                    {"key": "tier", "operator": "In", "values": ["a", "b.c"]},
+                    {"key": "skip", "operator": "DoesNotExist"},
+                ]
+            },
+            "namespaceSelector": {"any": True},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics"}],
+        },
+    }
+    [job] = prometheus.scrape_jobs(monitor, "podmonitors", tmp_path)
+    rules = job["relabel_configs"]
+    present = "__meta_kubernetes_pod_labelpresent_"
+    assert {"source_labels": [f"{present}fibers_dev_databusconsumer"], "regex": "true", "action": "keep"} in rules
+    assert {
+        "source_labels": ["__meta_kubernetes_pod_label_tier", f"{present}tier"],
+        "regex": r"(a|b\.c);true",
+        "action": "keep",
+    } in rules
+    assert {"source_labels": [f"{present}skip"], "regex": "true", "action": "drop"} in rules
+    assert {
+        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+        "regex": "metrics",
+        "action": "keep",
+    } in rules
+    assert {"target_label": "job", "replacement": "fibers-system/fibers-consumers"} in rules
+    assert job["honor_labels"] is False
+    assert prometheus._namespaces(monitor) == []  # every namespace
 
 
 def test_targets_carry_the_labels_kubernetes_discovery_would_give_them() -> None:

@@ -58,6 +58,7 @@ class CheckpointStore:
         self.stats_source: Callable[[], dict[str, Any]] = dict
         self.last_write = time.monotonic()  # the first write waits its turn too
         self.writes = 0
+        self.written: dict[str, float] = {}  # timeline key → Unix time of our last write of it (or our claim)
         self.tokens: dict[str, int] = {}  # timeline key → our fencing token, from claim()
         self.fenced: set[str] = set()  # timelines a write found claimed by a newer owner (the consumer drops them)
 
@@ -84,6 +85,7 @@ class CheckpointStore:
             if not self._write(cm, {}, {OWNERS_ANNOTATION: json.dumps({**owners, key: token}, sort_keys=True)}):
                 continue
             self.tokens[key] = token
+            self.written[key] = time.time()
             self.fenced.discard(key)
             return token, Checkpoints.from_configmap_data((cm or {}).get("data") or {}, self.sources)
         raise RuntimeError(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
@@ -110,6 +112,7 @@ class CheckpointStore:
         """Stop writing timeline `key` (given up or lost): its pending checkpoint is dropped."""
         self.tokens.pop(key, None)
         self.pending.pop(key, None)
+        self.written.pop(key, None)
 
     def save(self, timelines: Mapping[str, Checkpoint], *, force: bool = False) -> bool:
         """Record these checkpoints; write now if forced or the throttle allows. True when written."""
@@ -136,6 +139,8 @@ class CheckpointStore:
             updates[SOURCES_HASH_KEY] = sources_hash(self.sources)
             if not self._write(cm, updates, annotations):
                 continue
+            written = time.time()
+            self.written.update(dict.fromkeys(self.pending, written))
             self.pending.clear()
             self.last_write = time.monotonic()
             self.writes += 1

@@ -43,6 +43,7 @@ from fibers.databus.driver import CallbackDriver, CallbackTimeout
 from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
 from fibers.databus.ownership import Leases, Members, lease_name, owned_keys
 from fibers.databus.store import BootstrapStore
+from fibers.databus.telemetry import SinkFigures, Snapshot, Telemetry, Timeline
 from fibers.databus.tuning import (
     BATCH_RECORDS,
     BOOTSTRAP_PAGE_ROWS,
@@ -176,10 +177,17 @@ def _stricter(a: Result, b: Result) -> Result:
 
 class Runtime:
     def __init__(
-        self, config: ConsumerConfig, api: Api, callback: Callback | None = None, members: Members | None = None
+        self,
+        config: ConsumerConfig,
+        api: Api,
+        callback: Callback | None = None,
+        members: Members | None = None,
+        *,
+        telemetry: bool = False,
     ) -> None:
         """`callback`: one given by the caller (tests, benchmarks) instead of the configured sinks;
-        `members`: this instance's place among the consumer's pods (default: the configuration's)."""
+        `members`: this instance's place among the consumer's pods (default: the configuration's);
+        `telemetry`: keep the metrics a pod serves (`self.telemetry`, served by `fibers consume`)."""
         self.config = config
         self.members = members or Members.fixed(config.name, config.instance, config.instances)
         if callback is not None:
@@ -224,6 +232,11 @@ class Runtime:
         self.partitions: dict[str, list[int]] = {}  # every partition of each relay topic
         self.held: dict[str, tuple[str, int]] = {}  # timeline key → (topic, partition) consumed here now
         self._next_look = 0.0  # when (monotonic) the relay loop next looks at ownership
+        self.rollbacks = {"online": 0, "bootstrap": 0}  # windows / pages rolled back, for the metrics
+        self.attempt = 0  # the attempt the failing window or page is at (0: the last one went through)
+        self.lags: dict[str, int] = {}  # timeline key → records after its checkpoint, as last measured
+        self.telemetry = Telemetry(config.name, self.snapshot) if telemetry else None
+        self._sink_timers = [self.telemetry.sink_timer(n) for n in self.sink_names] if self.telemetry else None
 
     # ----- plumbing ------------------------------------------------------------------------------
 
@@ -252,6 +265,25 @@ class Runtime:
             ],  # a list: the stats are stored with sorted keys, and the sinks keep the spec's order
         }
 
+    def snapshot(self) -> Snapshot:
+        """The figures a scrape reports. Runs on the metrics server's thread, so it never calls the Kafka
+        consumer (a call beside the relay loop's `consume` blocks) and reads copies of what the relay loop
+        changes (each dict copied in one step under the GIL)."""
+        checkpoints, written, lags = dict(self.checkpoints), dict(self.store.written), self.lags
+        timelines = [Timeline(*parse_timeline_key(key), lags.get(key), written.get(key)) for key in list(self.held)]
+        return Snapshot(
+            events=self.events_processed,
+            mode=self._mode(checkpoints),
+            sinks=[
+                SinkFigures(name, stats.windows, stats.errors, stats.timeouts)
+                for name, stats in zip(self.sink_names, self.sink_stats, strict=True)
+            ],
+            timelines=timelines,
+            checkpoint_writes=self.store.writes,
+            rollbacks=dict(self.rollbacks),
+            attempt=self.attempt,
+        )
+
     def _hook(self, name: str, *args: Any) -> None:
         """Call a start or stop hook of every callback, each on its thread; any failure stops the consumer."""
         self.driver.all(lambda i: call(getattr(self.callbacks[i], name), *args))
@@ -261,23 +293,29 @@ class Runtime:
         for callback in self.callbacks:
             getattr(callback, name)(*args)
 
-    def _mode(self) -> str:
-        modes = {cp.consumption_mode.value for cp in self.checkpoints.values()}
+    def _mode(self, checkpoints: dict[str, Checkpoint] | None = None) -> str:
+        modes = {
+            cp.consumption_mode.value for cp in (self.checkpoints if checkpoints is None else checkpoints).values()
+        }
         for mode in ("BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "INIT", "ONLINE_CONSUMPTION"):
             if mode in modes:
                 return mode
         return "INIT"
 
     def _lag(self) -> int:
-        lag = 0
+        """Measure each timeline's lag from librdkafka's cached high watermarks (no request) into `lags`,
+        and return their sum. Only the relay loop's thread may call the Kafka consumer: a scrape reads
+        `lags`, measured again at every checkpoint write and every ownership look (once a second)."""
+        lags = {}
         for key, cp in self.checkpoints.items():
-            topic, _, partition = key.rpartition(".")
             resume = next_offset(cp)
             if resume is not None:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, int(partition)), cached=True)
+                topic, partition = parse_timeline_key(key)
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
                 if high >= 0:
-                    lag += max(int(high) - resume, 0)
-        return lag
+                    lags[key] = max(int(high) - resume, 0)
+        self.lags = lags
+        return sum(lags.values())
 
     # ----- start-up ------------------------------------------------------------------------------
 
@@ -514,9 +552,11 @@ class Runtime:
         """
         tries = 0
         while True:
-            outcomes = self.driver.each(lambda i: bootstrap_page(self.callbacks[i], events, scn, self.driver.abandoned))
+            outcomes = self.driver.each(lambda i: self._page(i, events, scn))
             if exc := self._first_failure(outcomes):  # any failure of a page rolls it back, as for windows
                 tries += 1
+                self.rollbacks["bootstrap"] += 1
+                self.attempt = tries
                 first = events[0]
                 where = {"topic": first.topic, "phase": first.window, "scn": scn, "attempt": tries}
                 log.warning("bootstrap page failed; rolling back", extra=where | {"error": str(exc)})
@@ -529,7 +569,15 @@ class Runtime:
                 self._pause(tries)
                 continue
             self.events_processed += len(events)
+            self.attempt = 0
             return
+
+    def _page(self, index: int, events: list[ChangeEvent], scn: int) -> None:
+        """In callback `index`'s thread: one bootstrap page, timed like a batch of windows."""
+        started = time.perf_counter()
+        bootstrap_page(self.callbacks[index], events, scn, self.driver.abandoned)
+        if self._sink_timers:
+            self._sink_timers[index](time.perf_counter() - started)
 
     def _first_failure(self, outcomes: list[Any]) -> BaseException | None:
         """The first failure among the callbacks' outcomes (an exception, or anything else for none), named
@@ -651,6 +699,8 @@ class Runtime:
         while not self.stopping:
             if time.monotonic() >= self._next_look or self.leases.lost or self.store.fenced:
                 gone = self._look()
+                if self.telemetry:
+                    self._lag()
                 if window and (window[0].topic, window[0].partition) in gone:
                     window, window_id = [], None  # its next owner reads it again from the checkpoint
             messages = self._poll(waiting=bool(window))
@@ -737,7 +787,10 @@ class Runtime:
             self.checkpoints[key] = previous.online(scn).with_values({NEXT_OFFSET: event.offset + 1})
         if outcome.last:
             self._save([timeline_key(*timeline) for timeline in outcome.last], force=outcome.force)
+            if self.telemetry:
+                self.telemetry.applied(event.ts_ms for event in outcome.last.values())
         if outcome.error is None:
+            self.attempt = 0
             return set()
         self._rollback(outcome.failed, attempts, outcome.error)
         rewound: set[tuple[str, int]] = set()
@@ -774,6 +827,8 @@ class Runtime:
         stats = self.sink_stats[index]
         stats.windows += len(results)
         stats.last_batch_seconds = time.perf_counter() - started
+        if self._sink_timers:
+            self._sink_timers[index](stats.last_batch_seconds)
         return results, error
 
     def _combine(self, windows: list[list[ChangeEvent]], outcomes: list[Any]) -> BatchOutcome:
@@ -793,6 +848,8 @@ class Runtime:
         key = timeline_key(first.topic, first.partition)
         tries = attempts.get((first.topic, first.partition, first.offset), 0) + 1
         attempts[(first.topic, first.partition, first.offset)] = tries
+        self.rollbacks["online"] += 1
+        self.attempt = tries
         cp = self.checkpoints.get(key)
         log.warning(
             "window failed; rolling back",

@@ -23,6 +23,8 @@ LABEL_CONSUMER = "fibers.dev/databusconsumer"
 LABEL_INSTANCE = "fibers.dev/instance"  # on the Deployments (and their pods) of earlier versions
 # The pod's own name and uid, from the downward API: its ordinal, and the name its Leases are held in.
 POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
+# The consumer container's `/metrics` (port name `metrics`, what the chart's PodMonitor scrapes).
+METRICS_PORT = 9404
 SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"
 
 
@@ -158,7 +160,8 @@ def statefulset(
                 "name": "consumer",
                 "image": spec.get("image") or image,
                 "imagePullPolicy": image_pull_policy,
-                "args": ["consume"],  # after the image's entry point (tini, then `fibers`)
+                "args": ["consume", "--metrics-port", str(METRICS_PORT)],  # after the entry point (tini, `fibers`)
+                "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
                 "terminationMessagePolicy": termination.POLICY,
                 "env": env,
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
