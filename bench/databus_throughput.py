@@ -7,6 +7,8 @@ In one run it measures:
                      how much of the runtime's speed comes from the parser;
   noop_sink_eps    — the runtime (decode, windows, callbacks, checkpoints) with a sink that takes
                      each event and does nothing;
+  noop_sink_metrics_eps — the same with the pod's metrics kept and served, scraped every second (a
+                     Prometheus scrapes every 5-30 s); metrics_ratio = this / noop_sink_eps (goal ≥ 0.98);
   mongodb_sink_eps — the runtime writing every event to MongoDB (FerretDB) with the SCN guard;
   plain_loop_same_settings_eps — that loop with the runtime's librdkafka settings as well
                      (fibers.databus.tuning.KAFKA_CONSUMER): what is left is the runtime's own cost;
@@ -29,9 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -115,11 +119,19 @@ class NoopSink(Callback):
 
 
 def run_runtime(
-    info: stack.StackInfo, api: kubeapi.Api, topic: str, n: int, callback: Callback | None, **extra: Any
+    info: stack.StackInfo,
+    api: kubeapi.Api,
+    topic: str,
+    n: int,
+    callback: Callback | None,
+    *,
+    scraped: bool = False,
+    **extra: Any,
 ) -> tuple[float, float]:
     """Run the runtime in a thread until it has processed n events: (events/s, ConfigMap writes/s).
 
-    `callback`: the one sink; None runs the sinks `extra` configures (`sinks=[…]`)."""
+    `callback`: the one sink; None runs the sinks `extra` configures (`sinks=[…]`). `scraped`: with the
+    pod's metrics, served and scraped every second while it runs."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
     cfg = ConsumerConfig.from_dict(
         {
@@ -132,15 +144,25 @@ def run_runtime(
             **extra,
         }
     )
-    runtime = Runtime(cfg, api, callback=callback)
+    runtime = Runtime(cfg, api, callback=callback, telemetry=scraped)
+    scrapes: list[int] = []
+    if runtime.telemetry:
+        port = free_port()
+        runtime.telemetry.serve(port)
     tuning.settle_collector()  # as `fibers consume` does before it runs the consumer
     started = time.monotonic()
     thread = threading.Thread(target=runtime.run, daemon=True)
     thread.start()
     deadline = started + 1800
+    next_scrape = started + 1
     while runtime.events_processed < n and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.005)
+        if runtime.telemetry and time.monotonic() >= next_scrape:
+            scrapes.append(len(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()))
+            next_scrape += 1
     elapsed = time.monotonic() - started
+    if runtime.telemetry and not scrapes:
+        raise RuntimeError("the run ended before its first scrape: produce more events")
     # During consumption, after the first write (the flush at shutdown is not throttled).
     writes = max(runtime.store.writes - 1, 0)
     runtime.stopping = True
@@ -149,6 +171,12 @@ def run_runtime(
         raise RuntimeError(f"the runtime processed {runtime.events_processed} of {n} events")
     remove_state(api, runtime)
     return n / elapsed, writes / elapsed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def remove_state(api: kubeapi.Api, runtime: Runtime) -> None:
@@ -212,7 +240,7 @@ def main() -> int:
     produce(info.kafka_bootstrap, topic, args.events)
 
     results: dict[str, Any] = {"events": args.events, "rounds": args.rounds}
-    plain, plain_json, plain_tuned, noop, writes = [], [], [], [], []
+    plain, plain_json, plain_tuned, noop, noop_metrics, writes = [], [], [], [], [], []
     for round_ in range(args.rounds):  # alternating: the load of the machine drifts alike for all four
         plain.append(plain_loop(info.kafka_bootstrap, topic, args.events))
         plain_json.append(plain_loop(info.kafka_bootstrap, topic, args.events, parse_json))
@@ -220,15 +248,19 @@ def main() -> int:
         rate, write_rate = run_runtime(info, api, topic, args.events, NoopSink())
         noop.append(rate)
         writes.append(write_rate)
+        noop_metrics.append(run_runtime(info, api, topic, args.events, NoopSink(), scraped=True)[0])
         say(
             f"round {round_ + 1}: plain loop {plain[-1]:.0f}/s, with the runtime's parser {plain_json[-1]:.0f}/s, "
             f"and its librdkafka settings {plain_tuned[-1]:.0f}/s; "
-            f"runtime with a no-op sink {rate:.0f}/s ({write_rate:.2f} ConfigMap writes/s)"
+            f"runtime with a no-op sink {rate:.0f}/s ({write_rate:.2f} ConfigMap writes/s), "
+            f"with its metrics scraped {noop_metrics[-1]:.0f}/s"
         )
     results["plain_loop_eps"] = round(statistics.median(plain))
     results["plain_loop_parse_json_eps"] = round(statistics.median(plain_json))
     results["plain_loop_same_settings_eps"] = round(statistics.median(plain_tuned))
     results["noop_sink_eps"] = round(statistics.median(noop))
+    results["noop_sink_metrics_eps"] = round(statistics.median(noop_metrics))
+    results["metrics_ratio"] = round(results["noop_sink_metrics_eps"] / results["noop_sink_eps"], 3)
     results["configmap_writes_per_s"] = round(max(writes), 2)
     results["noop_ratio"] = round(results["noop_sink_eps"] / results["plain_loop_eps"], 2)
     results["noop_ratio_same_parser"] = round(results["noop_sink_eps"] / results["plain_loop_parse_json_eps"], 2)
@@ -256,6 +288,7 @@ def main() -> int:
         "noop_ratio_same_parser_ge_0.95": results["noop_ratio_same_parser"] >= 0.95,
         "mongodb_ratio_ge_0.8": results["mongodb_ratio"] >= 0.8,
         "configmap_writes_le_1_per_s": results["configmap_writes_per_s"] <= 1.0,
+        "metrics_ratio_ge_0.98": results["metrics_ratio"] >= 0.98,
     }
     session.report(results)
     return 0
