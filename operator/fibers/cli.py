@@ -46,10 +46,9 @@ def _run(args: argparse.Namespace) -> int:
 def _consume(args: argparse.Namespace) -> int:
     from fibers import termination
     from fibers.databus import tuning
-    from fibers.databus.config import ConsumerConfig
+    from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, ConsumerConfig
     from fibers.databus.ownership import Members
     from fibers.databus.runtime import Runtime
-    from fibers.databus.workload import POD_NAME_ENV, POD_UID_ENV
     from fibers.kubeapi import Api
 
     raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")

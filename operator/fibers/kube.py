@@ -12,7 +12,9 @@ import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from fibers.api import API_VERSION
 from fibers.kubeapi import Api, ApiError, Unreachable, path
@@ -237,7 +239,6 @@ class Kube:
         self, namespace: str, name: str, data: dict[str, str], *, owner: dict[str, Any], annotations: dict[str, str]
     ) -> None:
         """Create the ConfigMap, or replace its data and annotations; owned by `owner` (deleted with it)."""
-        meta = owner["metadata"]
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -245,12 +246,12 @@ class Kube:
                 "name": name,
                 "namespace": namespace,
                 "annotations": annotations,
-                "ownerReferences": [
-                    {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"]}
-                ],
             },
             "data": data,
         }
+        kopf.append_owner_reference(
+            body, owner=kopf.Body(cast(kopf.RawBody, owner)), controller=False, block_owner_deletion=False
+        )
         try:
             await asyncio.to_thread(self.api.create, path("v1", "configmaps", namespace), body)
         except ApiError as exc:

@@ -5,11 +5,13 @@ Human-readable lines on a terminal, one JSON object per line otherwise (what log
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from datetime import UTC, datetime
 from typing import Any
+
+import pythonjsonlogger.core
+import pythonjsonlogger.json
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -26,18 +28,28 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return extras
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-            **_extras(record),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+class JsonFormatter(pythonjsonlogger.json.JsonFormatter):
+    """One JSON object per line, through python-json-logger (kopf's own dependency): time, level, logger and
+    message first, then the record's structured fields (`extra=`), kopf's object reference as namespace
+    and resource."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(message)s",
+            reserved_attrs=[*pythonjsonlogger.core.RESERVED_ATTRS, *_HIDDEN],
+            rename_fields={"exc_info": "exception"},
+            json_default=str,
+        )
+
+    def add_fields(self, log_record: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        log_record["time"] = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        log_record["level"] = record.levelname.lower()
+        log_record["logger"] = record.name
+        super().add_fields(log_record, record, message_dict)
+        ref = log_record.pop("k8s_ref", None)
+        if isinstance(ref, dict):  # kopf's per-object loggers
+            log_record.setdefault("namespace", ref.get("namespace"))
+            log_record.setdefault("resource", f"{ref.get('kind')}/{ref.get('name')}")
 
 
 class TextFormatter(logging.Formatter):

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from fibers.databus.checkpoint_store import fenced_keys
+from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV
 from fibers.databus.ownership import Leases, lease_name, ordinal_of, owned_keys, wanted
 from fibers.databus.reconciler import instance_stats
 from fibers.databus.tuning import LEASE_DURATION_SECONDS
-from fibers.databus.workload import POD_NAME_ENV, POD_UID_ENV, render_config, statefulset
+from fibers.databus.workload import render_config, statefulset
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
@@ -90,6 +91,8 @@ def test_a_write_is_fenced_where_a_newer_owner_claimed_the_timeline() -> None:
 
 def consumer(**spec: Any) -> dict[str, Any]:
     return {
+        "apiVersion": "fibers.dev/v1alpha1",
+        "kind": "DatabusConsumer",
         "metadata": {"name": "view", "namespace": "shop", "uid": "u-1"},
         "spec": {"sources": ["shop.public.orders"], "sink": {"type": "log"}, **spec},
     }
@@ -112,6 +115,19 @@ def test_instances_are_one_statefulset_and_scaling_leaves_the_pods_alone() -> No
     env = {e["name"]: e for e in three["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[POD_NAME_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env[POD_UID_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # The consumer is the StatefulSet's controller: Kubernetes deletes the StatefulSet (and its pods) with it.
+    assert three["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "fibers.dev/v1alpha1",
+            "kind": "DatabusConsumer",
+            "name": "view",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    [port] = three["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert port["name"] == "metrics"  # what the chart's PodMonitor scrapes
 
 
 def test_a_changed_spec_changes_the_template() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import kopf
 
@@ -22,6 +23,23 @@ def test_json_lines_carry_message_and_structured_fields() -> None:
     assert entry["level"] == "warning"
     assert entry["namespace"] == "ns1"
     assert entry["resource"] == "orders"
+    assert list(entry)[:4] == ["time", "level", "logger", "message"]
+
+
+def test_kopfs_object_reference_becomes_namespace_and_resource_and_its_settings_are_hidden() -> None:
+    ref = {"namespace": "shop", "kind": "Connect", "name": "orders-cdc"}
+    entry = json.loads(JsonFormatter().format(_record(k8s_ref=ref, settings=object(), _private=1)))
+    assert entry["namespace"] == "shop" and entry["resource"] == "Connect/orders-cdc"
+    assert not {"k8s_ref", "settings", "_private"} & set(entry)
+
+
+def test_an_exception_is_one_field_of_the_line() -> None:
+    try:
+        raise ValueError("no such connector")
+    except ValueError:
+        record = logging.LogRecord("fibers.test", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["exception"].startswith("Traceback") and "ValueError: no such connector" in entry["exception"]
 
 
 def test_text_lines_append_fields() -> None:

@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# The pod's own name and uid, from the downward API (the StatefulSet sets them): its ordinal, and the name
+# its Leases are held in. Here rather than with the StatefulSet, so a consumer pod does not load kopf.
+POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
 SINK_TYPES = ("mongodb", "history", "bootstrap", "kafka", "log", "callback")
 START_POSITIONS = ("bootstrap", "earliest", "latest")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's rule for topic names

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from fibers import termination
-from fibers.api import API_VERSION, DATABUS_PLURAL
-from fibers.databus.config import sink_name, sink_specs
+from fibers.api import DATABUS_PLURAL
+from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, sink_name, sink_specs
 from fibers.upstream import Upstream
 
 PLURAL = DATABUS_PLURAL
 KIND = "DatabusConsumer"
 LABEL_CONSUMER = "fibers.dev/databusconsumer"
 LABEL_INSTANCE = "fibers.dev/instance"  # on the Deployments (and their pods) of earlier versions
-# The pod's own name and uid, from the downward API: its ordinal, and the name its Leases are held in.
-POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
 # The consumer container's `/metrics` (port name `metrics`, what the chart's PodMonitor scrapes).
 METRICS_PORT = 9404
 SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"
@@ -176,24 +176,10 @@ def statefulset(
     if spec.get("serviceAccount") or service_account:
         pod_spec["serviceAccountName"] = spec.get("serviceAccount") or service_account
     template_hash = hashlib.sha256((rendered + json.dumps(pod_spec, sort_keys=True)).encode()).hexdigest()[:12]
-    return {
+    manifest = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {
-            "name": name,
-            "namespace": meta["namespace"],
-            "labels": labels,
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "name": name,
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
+        "metadata": {"name": name, "namespace": meta["namespace"], "labels": labels},
         "spec": {
             "replicas": 0 if spec.get("state") == "stopped" else int(spec.get("instances", 1)),
             # Pods start and stop together: a partition waits on its Lease, not on a pod's ordinal turn.
@@ -214,3 +200,5 @@ def statefulset(
             },
         },
     }
+    kopf.append_owner_reference(manifest, owner=kopf.Body(cast(kopf.RawBody, body)))  # deleted with the consumer
+    return manifest

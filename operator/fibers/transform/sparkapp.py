@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from fibers import termination
-from fibers.api import API_VERSION
 from fibers.kube import Kube
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
-from fibers.transform.spec import KIND, Defaults, secret_envs
+from fibers.transform.spec import Defaults, secret_envs
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 API = f"{GROUP}/{VERSION}"
@@ -162,23 +163,13 @@ def build(
     executor_spec["template"] = pod_template(
         EXECUTOR_CONTAINER, env=env, volumes=volumes, mounts=mounts, api_token=False
     )
-    return {
+    application = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SparkApplication",
         "metadata": {
             "name": run,
             "namespace": meta["namespace"],
             "labels": {LABEL_TRANSFORM: meta["name"], LABEL_TRIGGER: trigger},
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
         },
         "spec": {
             "type": "Python",
@@ -205,6 +196,8 @@ def build(
             "executor": executor_spec,
         },
     }
+    kopf.append_owner_reference(application, owner=kopf.Body(cast(kopf.RawBody, transform)))  # deleted with it
+    return application
 
 
 class SparkApplications:
