@@ -11,7 +11,10 @@ For each N (100, 500 and 1,000 by default), in one run on the local stack:
               proxy in front of Connect, against a per-connector polling loop (the DataFibers
               design: one status call per connector per interval) measured through the same proxy;
   rss       — the operator's resident memory with N resources (goal ≤ 120 MiB at the largest N);
-  cpu       — CPU seconds the operator used from start to the end of the steady-state window.
+  cpu       — CPU seconds the operator used from start to the end of the steady-state window;
+  metrics   — the operator's /metrics with N resources: its size, the time a scrape takes (median of
+              5), its fibers_* series; and those series once the N resources are deleted again, against
+              the count before they were made (goal: equal — every resource's series go with it).
 The last line printed is one JSON object with every figure.
 
     .venv/bin/python -m bench.connect_scale [--sizes 100,500,1000] [--interval 10] [--rounds 3]
@@ -41,7 +44,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from bench.machine import Run, say
+from bench.machine import Run, free_port, say
 from fibers_stack import crds, platform_resources
 
 WITHOUT_KUBERNETES = Path(__file__).resolve().parents[1] / "tools" / "without-kubernetes"
@@ -232,9 +235,16 @@ def operator_run(
         "PYTHONPATH": os.pathsep.join(p for p in (str(WITHOUT_KUBERNETES), os.environ.get("PYTHONPATH")) if p),
     }
     log = open(workdir / f"operator-{n}.log", "wb")  # noqa: SIM115
-    op = subprocess.Popen([sys.executable, "-m", "fibers", "run", "-n", namespace], stdout=log, stderr=log, env=env)
+    port = free_port()
+    op = subprocess.Popen(
+        [sys.executable, "-m", "fibers", "run", "-n", namespace, "--metrics-port", str(port)],
+        stdout=log,
+        stderr=log,
+        env=env,
+    )
     try:
         time.sleep(3)
+        baseline = fibers_series(port)
 
         def body(i: int) -> dict[str, Any]:
             name = f"c{i}"
@@ -278,14 +288,22 @@ def operator_run(
         cpu = cpu_seconds(op.pid)
         names = [f"{namespace}-c{i}" for i in range(n)]
         polling = polling_loop_calls(proxy_url, names, proxy)
+        scraped = scrape_figures(port)
         say(f"N={n}: cleaning up")
         delete_all(custom, namespace)
-        return figures | {
-            "steady_calls_per_interval": round(steady, 2),
-            "polling_loop_calls_per_interval": polling,
-            "operator_rss_mib": round(rss, 1),
-            "operator_cpu_seconds": round(cpu, 1),
-        }
+        time.sleep(2)  # the last deletions' handlers
+        return (
+            figures
+            | scraped
+            | {
+                "metrics_series_before": baseline,
+                "metrics_series_after_delete": fibers_series(port),
+                "steady_calls_per_interval": round(steady, 2),
+                "polling_loop_calls_per_interval": polling,
+                "operator_rss_mib": round(rss, 1),
+                "operator_cpu_seconds": round(cpu, 1),
+            }
+        )
     finally:
         op.terminate()
         op.wait(30)
@@ -293,6 +311,26 @@ def operator_run(
         core.delete_namespace(namespace)
         platform_resources.delete(api, namespace)
         delete_topics(info.kafka_bootstrap, f"{namespace}-")
+
+
+def fibers_series(port: int) -> int:
+    """The operator's own series (fibers_*) on its /metrics now."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return sum(1 for line in text.splitlines() if line.startswith("fibers_"))
+
+
+def scrape_figures(port: int) -> dict[str, Any]:
+    """Size, scrape time (median of 5) and fibers_* series of the operator's /metrics."""
+    times, size = [], 0
+    for _ in range(5):
+        started = time.monotonic()
+        size = len(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).content)
+        times.append(time.monotonic() - started)
+    return {
+        "metrics_bytes": size,
+        "metrics_scrape_ms": round(statistics.median(times) * 1000, 1),
+        "metrics_series": fibers_series(port),
+    }
 
 
 def delete_all(custom: client.CustomObjectsApi, namespace: str) -> None:
@@ -360,6 +398,9 @@ def main() -> int:
         "ready_ratio_le_1.15": all(results[str(n)]["ready_ratio"] <= 1.15 for n in sizes),
         "steady_calls_independent_of_n": len({round(results[str(n)]["steady_calls_per_interval"]) for n in sizes}) == 1,
         "rss_le_120_mib_at_largest": largest["operator_rss_mib"] <= 120,
+        "series_back_to_baseline": all(
+            results[str(n)]["metrics_series_after_delete"] == results[str(n)]["metrics_series_before"] for n in sizes
+        ),
     }
     session.report(results)
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,13 @@ from typing import Any
 
 import fibers_stack
 from fibers_stack import StackInfo
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a metrics server the benchmark starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def say(message: str) -> None:

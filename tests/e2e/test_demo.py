@@ -59,6 +59,10 @@ def _prometheus_sees_the_pipeline(url: str) -> None:
     data('fibers_consumer_events_total{namespace="shop", name="orders-view"} > 0')
     data('fibers_consumer_mode{namespace="shop", name="orders-view", mode="ONLINE_CONSUMPTION"} == 1')
     data('sum by (namespace, name) (fibers_consumer_lag{namespace="shop", name="orders-view"}) == 0')
+    # The streaming Transform's driver, through the other PodMonitor: its micro-batches, from Spark's progress.
+    data('up{job="fibers-system/fibers-transforms", namespace="shop"} == 1')
+    data('fibers_transform_batches_total{namespace="shop", name="orders-by-item"} > 0')
+    data('fibers_transform_input_lag_records{namespace="shop", name="orders-by-item"}')
     # The store follows the relay (the view bootstraps from it): its windows were timed from the source.
     data('fibers_consumer_window_latency_seconds_count{namespace="shop", name="orders-store"} > 0')
     groups = wait_for(

@@ -151,8 +151,10 @@ def test_template_is_valid_for_the_real_apiserver(
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "ServiceAccount", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= kinds
     # The PodMonitor looks where the consumers run; the dashboards carry the sidecar's label.
-    [pod_monitor] = by_kind(docs, "PodMonitor")
-    assert pod_monitor["spec"]["namespaceSelector"] == ({"matchNames": watched} if watched else {"any": True})
+    monitors = {d["metadata"]["name"]: d["spec"] for d in by_kind(docs, "PodMonitor")}
+    assert set(monitors) == {"rel-fibers-consumers", "rel-fibers-transforms"}
+    for monitor in monitors.values():
+        assert monitor["namespaceSelector"] == ({"matchNames": watched} if watched else {"any": True})
     dashboards = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert {json.loads(text)["uid"] for d in dashboards for text in d["data"].values()} == {
         "fibers-operator",

@@ -266,19 +266,19 @@ def test_delete_removes_owned_connector_and_never_a_foreign_one(
 def test_connect_series_return_to_their_baseline_after_many_creates_and_deletes(
     connects: Resources, source_file: Path, operator: OperatorProcess, unique: str
 ) -> None:
-    """Series follow their resources: 60 Connects made and deleted leave the operator serving what it did before."""
+    """Series follow their resources: 200 Connects made and deleted leave the operator serving what it did before."""
 
     def connector_series() -> int:
         return len(operator.metric("fibers_connector_state")) + len(operator.metric("fibers_connector_running_tasks"))
 
     baseline = connector_series()
-    names = [f"{unique}-{i}" for i in range(60)]
+    names = [f"{unique}-{i}" for i in range(200)]
     for name in names:
         connects.create(name, source_spec(source_file, f"{unique}-churn"))
-    wait_for(lambda: connector_series() >= baseline + 2 * len(names), timeout=180, what="a state per Connect served")
+    wait_for(lambda: connector_series() >= baseline + 2 * len(names), timeout=300, what="a state per Connect served")
     for name in names:
         connects.delete(name)
-    wait_for(lambda: not any(connects.exists(n) for n in names), timeout=180, what="the Connects deleted")
+    wait_for(lambda: not any(connects.exists(n) for n in names), timeout=300, what="the Connects deleted")
     assert connector_series() == baseline
 
 

@@ -19,12 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client, watch
 from kubernetes.client import ApiClient
+from prometheus_client.parser import text_string_to_metric_families
 from pymongo import MongoClient
 
 from fibers.databus.checkpoint import Checkpoint
@@ -155,6 +157,40 @@ def test_one_consumer_feeds_two_sinks_from_one_read(
     wait_for(lambda: not consumers.exists(unique), timeout=60, what="the consumer deleted")
     for series in ("fibers_databus_sink_windows", "fibers_databus_consumer_lag", "fibers_databus_events_processed"):
         assert operator.metric(series, name=unique) == [], f"{series} still served for a deleted consumer"
+
+
+def test_consumer_series_return_to_their_baseline_after_twenty_consumers_come_and_go(
+    consumers: Resources, stack_info: StackInfo, operator: OperatorProcess, unique: str
+) -> None:
+    """Twenty consumers, five at a time (each runs a pod on the node): while they run the operator serves
+    their lag, events and sink figures; once they are deleted, exactly the series it served before."""
+
+    def consumer_series() -> set[tuple[str, frozenset[tuple[str, str]]]]:
+        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+        return {
+            (s.name, frozenset(s.labels.items()))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("fibers_databus_")
+        }
+
+    topic = f"{unique}-relay"
+    produce(stack_info.kafka_bootstrap, topic, [{"id": i} for i in range(3)], key="id")
+    baseline = consumer_series()
+    for batch in range(4):
+        names = [f"{unique}-{batch}-{i}" for i in range(5)]
+        for name in names:
+            consumers.create(name, {"sources": [topic], "sink": {"type": "log"}, "startPosition": "earliest"})
+        wait_for(
+            lambda n=names: all(operator.metric("fibers_databus_events_processed", name=x) == [3] for x in n),
+            timeout=180,
+            what=f"batch {batch}: every consumer's events served",
+        )
+        assert len(consumer_series() - baseline) == 5 * 6  # lag, events and the sink's four figures
+        for name in names:
+            consumers.delete(name)
+        wait_for(lambda n=names: not any(consumers.exists(x) for x in n), timeout=120, what="the consumers deleted")
+        assert consumer_series() == baseline, f"batch {batch}"
 
 
 def consumer_pod(kube: ApiClient, namespace: str, name: str) -> client.V1Pod | None:

@@ -41,14 +41,17 @@ def test_a_scrape_reports_the_runtimes_figures_of_that_moment() -> None:
     telemetry = Telemetry("orders-view", lambda: current[0])
     found = samples(telemetry)
 
-    assert value(found, "fibers_consumer_events_total") == 1200
-    assert value(found, "fibers_consumer_windows_total", sink="feed") == 31
-    assert value(found, "fibers_consumer_callback_errors_total", sink="view") == 2
-    assert value(found, "fibers_consumer_callback_timeouts_total", sink="view") == 1
-    assert value(found, "fibers_consumer_rollbacks_total", phase="bootstrap") == 1
-    assert value(found, "fibers_consumer_retry_attempt") == 2
-    assert value(found, "fibers_consumer_checkpoint_writes_total") == 9
-    assert value(found, "fibers_consumer_timelines") == 2
+    expected = {
+        ("fibers_consumer_events_total", ()): 1200,
+        ("fibers_consumer_windows_total", (("sink", "feed"),)): 31,
+        ("fibers_consumer_callback_errors_total", (("sink", "view"),)): 2,
+        ("fibers_consumer_callback_timeouts_total", (("sink", "view"),)): 1,
+        ("fibers_consumer_rollbacks_total", (("phase", "bootstrap"),)): 1,
+        ("fibers_consumer_retry_attempt", ()): 2,
+        ("fibers_consumer_checkpoint_writes_total", ()): 9,
+        ("fibers_consumer_timelines", ()): 2,
+    }
+    assert {key: value(found, key[0], **dict(key[1])) for key in expected} == expected
     modes = {
         m: value(found, "fibers_consumer_mode", mode=m) for m in ("INIT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION")
     }

@@ -200,6 +200,23 @@ def test_restart_policy_and_no_ttl() -> None:
     assert streaming["restartPolicy"]["type"] == "OnFailure"
 
 
+def test_a_streaming_driver_serves_its_metrics_on_a_named_port_and_a_batch_driver_does_not() -> None:
+    body = transform(
+        mode="streaming",
+        checkpoint={"location": "/c"},
+        inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
+        output={"kafka": {"topic": "x"}},
+    )
+    spec = build(body)["spec"]
+    [driver] = spec["driver"]["template"]["spec"]["containers"]
+    assert driver["ports"] == [{"name": "metrics", "containerPort": 9405, "protocol": "TCP"}]
+    assert {"name": "FIBERS_METRICS_PORT", "value": "9405"} in driver["env"]
+    [executor] = spec["executor"]["template"]["spec"]["containers"]
+    assert "ports" not in executor and all(e["name"] != "FIBERS_METRICS_PORT" for e in executor.get("env", []))
+    [batch] = build()["spec"]["driver"]["template"]["spec"]["containers"]
+    assert "ports" not in batch
+
+
 def test_run_names_are_dns_1035_labels() -> None:
     for name in ("orders-report", "orders.v2", "9lives", "a" * 253):
         run = runs.run_name(name, "uid", "create/abc")

@@ -179,11 +179,13 @@ def stop_query(query: StreamingQuery, patience_seconds: float = 10.0) -> None:
 
 
 class RowCounter:
-    """Sums rows over micro-batches, each once, from the progress reports Spark keeps."""
+    """Sums rows over micro-batches, each once, from the progress reports Spark keeps; hands each new
+    report on to `on_report` (the driver's metrics)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_report: Callable[[StreamingQueryProgress], None] | None = None) -> None:
         self.rows = 0
         self._last_report = ""  # ISO 8601 UTC timestamps of reports sort as strings
+        self._on_report = on_report
 
     def add(self, progress: Iterable[StreamingQueryProgress]) -> None:
         for report in progress:
@@ -192,3 +194,5 @@ class RowCounter:
             written = report.sink.numOutputRows
             self.rows += written if written >= 0 else report.numInputRows
             self._last_report = report.timestamp
+            if self._on_report:
+                self._on_report(report)

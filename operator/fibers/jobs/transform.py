@@ -34,6 +34,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from fibers import lineage, logs, termination
+from fibers.jobs import progress
 from fibers.jobs.inputs import build_views, input_statistics
 from fibers.jobs.outputs import RowCounter, start_query, stop_query, write_outputs
 from fibers.jobs.report import (
@@ -106,9 +107,13 @@ def run_streaming(spark: SparkSession, spec: JobSpec, stop: threading.Event, pol
     result = transform(spark, spec, build_views(spark, spec))
     if not result.isStreaming:
         raise TypeError("the transformation does not read any stream; use mode batch for this spec")
+    metrics = None
+    if port := os.environ.get(progress.METRICS_PORT_ENV):  # the operator names the driver's metrics port
+        metrics = progress.StreamingMetrics(spec.name)
+        metrics.serve(int(port))
     query = start_query(spec, result)
     log.info("streaming query started", extra={"query": query.name, "checkpoint": spec.checkpoint_location})
-    counter = RowCounter()
+    counter = RowCounter(metrics.observe if metrics else None)
     try:
         while not stop.is_set():
             if query.awaitTermination(poll_seconds):  # raises StreamingQueryException if the query failed

@@ -13,6 +13,7 @@ from typing import Any, cast
 import kopf
 
 from fibers import termination
+from fibers.jobs.progress import METRICS_PORT_ENV
 from fibers.kube import Kube
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
@@ -28,6 +29,9 @@ DRIVER_CONTAINER = "spark-kubernetes-driver"  # the names the Spark Operator giv
 EXECUTOR_CONTAINER = "spark-kubernetes-executor"
 JOB_USER = 10001  # the job image's user and group (fibers:fibers)
 TMP_VOLUME = "tmp"
+# A streaming run's driver serves its micro-batches' figures here (port name `metrics`, for the chart's
+# PodMonitor; fibers.jobs.progress).
+DRIVER_METRICS_PORT = 9405
 
 # applicationState.state values of the Spark Operator (v2.5.0 api/v1beta2), grouped the way Fibers
 # reports them. Only COMPLETED and FAILED are final: SUBMISSION_FAILED and FAILING always move on, to
@@ -159,6 +163,10 @@ def build(
     driver_spec = pods(driver)
     # The driver talks to the API (executor pods, its result ConfigMap); executors never do.
     driver_spec["template"] = pod_template(DRIVER_CONTAINER, env=env, volumes=volumes, mounts=mounts, api_token=True)
+    if streaming:
+        [container] = driver_spec["template"]["spec"]["containers"]
+        container.setdefault("env", []).append({"name": METRICS_PORT_ENV, "value": str(DRIVER_METRICS_PORT)})
+        container["ports"] = [{"name": "metrics", "containerPort": DRIVER_METRICS_PORT, "protocol": "TCP"}]
     executor_spec = {**pods(executor), "instances": int(executor.get("instances", 1))}
     executor_spec["template"] = pod_template(
         EXECUTOR_CONTAINER, env=env, volumes=volumes, mounts=mounts, api_token=False
