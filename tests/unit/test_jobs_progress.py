@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fibers.jobs.outputs import RowCounter
 from fibers.jobs.progress import StreamingMetrics, input_lag
 
 
@@ -47,3 +49,17 @@ def test_each_report_counts_once_into_the_drivers_series() -> None:
     assert samples[("fibers_transform_batch_duration_seconds_count", None)] == 2
     assert samples[("fibers_transform_batch_duration_seconds_bucket", "0.5")] == 1
     assert samples[("fibers_transform_batch_duration_seconds_bucket", "2.5")] == 2
+
+
+def test_the_driver_hands_each_report_on_once_however_often_it_reads_the_recent_ones() -> None:
+    """The driver reads Spark's recent reports every second; a report already seen is not counted again."""
+
+    def spark_report(at: str, written: int) -> SimpleNamespace:
+        return SimpleNamespace(timestamp=at, sink=SimpleNamespace(numOutputRows=written), numInputRows=written)
+
+    seen: list[str] = []
+    counter = RowCounter(lambda r: seen.append(r.timestamp))
+    first, second = spark_report("2026-11-24T17:00:01.000Z", 4), spark_report("2026-11-24T17:00:02.000Z", 5)
+    counter.add([first])  # type: ignore[list-item]
+    counter.add([first, second])  # type: ignore[list-item]
+    assert seen == [first.timestamp, second.timestamp] and counter.rows == 9

@@ -57,7 +57,11 @@ class RegistryClient:
     def __init__(self, url: str, *, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=timeout, headers={"Accept": MEDIA_TYPE, "Content-Type": MEDIA_TYPE}
+            base_url=self.url,
+            timeout=httpx.Timeout(timeout),
+            # A few calls a minute per registry: a small pool, kept alive between resyncs.
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+            headers={"Accept": MEDIA_TYPE, "Content-Type": MEDIA_TYPE},
         )
 
     async def aclose(self) -> None:
