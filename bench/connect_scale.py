@@ -44,7 +44,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from bench.machine import Run, free_port, say
+from bench.machine import Run, cpu_seconds, free_port, rss_mib, say, wait
 from fibers_stack import crds, platform_resources
 
 WITHOUT_KUBERNETES = Path(__file__).resolve().parents[1] / "tools" / "without-kubernetes"
@@ -119,14 +119,6 @@ def all_running(connect: httpx.Client, names: set[str]) -> bool:
     return done == len(names)
 
 
-def wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.25)
-
-
 def floor_run(connect: httpx.Client, n: int, source: Path, prefix: str) -> float:
     names = {f"{prefix}-{i}" for i in range(n)}
     started = time.monotonic()
@@ -162,19 +154,6 @@ def polling_loop_calls(proxy_url: str, names: list[str], proxy: CountingProxy) -
         for name in names:
             http.get(f"/connectors/{name}/status")
     return proxy.total() - before
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ready_watcher(custom: client.CustomObjectsApi, namespace: str, n: int) -> threading.Event:

@@ -30,6 +30,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait(predicate: Any, timeout: float, what: str) -> None:
+    """Poll `predicate` every 0.25 s; TimeoutError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.25)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def say(message: str) -> None:
     """A progress line, timestamped, flushed at once (benchmarks run for minutes)."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)

@@ -82,6 +82,7 @@ class StackInfo:
     spark_kafka_jars: str = ""
     prometheus_url: str = ""  # scrapes what the monitors in the cluster select (`prometheus.sync`)
     kube_pki: str = ""
+    audit_log: str = ""  # the API server's audit log (JSON lines; `audit.requests` reads it)
     node_ip: str = network.NODE_IP
     images: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import struct
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 from kubernetes import client as k8s
+from kubernetes import config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
-from fibers_stack import StackInfo
+from fibers_stack import StackInfo, audit
 from tests.helpers import avro_converter, drop_slot, read_topic, wait_for
 
 pytestmark = pytest.mark.smoke
@@ -95,6 +97,26 @@ def test_kubernetes_configmap_crd_and_garbage_collection(kube: ApiClient, unique
         timeout=60,
         what="dependent garbage-collected",
     )
+
+
+def test_the_api_server_counts_a_clients_requests_in_its_audit_log(stack_info: StackInfo, unique: str) -> None:
+    """What the scale benchmark counts the operator's requests with: the API server's own record, by agent."""
+    since = datetime.now(UTC)
+    with config.new_client_from_config(config_file=stack_info.kubeconfig) as api:
+        api.user_agent = f"audit-smoke/{unique}"
+        core = k8s.CoreV1Api(api)
+        core.create_namespaced_config_map("default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=unique)))
+        for _ in range(3):
+            core.read_namespaced_config_map(unique, "default")
+        core.delete_namespaced_config_map(unique, "default")
+
+    def counted() -> dict[str, int] | None:
+        found = audit.requests(Path(stack_info.audit_log), since, datetime.now(UTC), agents=(f"audit-smoke/{unique}",))
+        calls = dict(audit.by_call(found))
+        return calls if sum(calls.values()) == 5 else None
+
+    calls = wait_for(counted, timeout=30, what="five requests in the audit log")
+    assert calls == {"create configmaps": 1, "get configmaps": 3, "delete configmaps": 1}
 
 
 def _create_when_served(custom: k8s.CustomObjectsApi, body: dict[str, object]) -> bool:
