@@ -75,7 +75,8 @@ def measure(info: StackInfo, api: client.ApiClient, n: int, args: argparse.Names
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     topic = f"{namespace}-relay"
-    AdminClient({"bootstrap.servers": info.kafka_bootstrap}).create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})  # kept: its future needs it alive
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     try:
         with operator_process(info, namespace, workdir / f"operator-{n}.log") as operator:
             bodies = [("databusconsumers", consumer(i, topic)) for i in range(n)]
