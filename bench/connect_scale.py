@@ -13,8 +13,9 @@ For each N (100, 500 and 1,000 by default), in one run on the local stack:
   rss       — the operator's resident memory with N resources (goal ≤ 120 MiB at the largest N);
   cpu       — CPU seconds the operator used from start to the end of the steady-state window;
   metrics   — the operator's /metrics with N resources: its size, the time a scrape takes (median of
-              5), its fibers_* series; and those series once the N resources are deleted again, against
-              the count before they were made (goal: equal — every resource's series go with it).
+              5), its fibers_* series; and its per-resource series (a `name` label) once the N resources
+              are deleted again, against the count before they were made (goal: equal — every
+              resource's series go with it).
 The last line printed is one JSON object with every figure.
 
     .venv/bin/python -m bench.connect_scale [--sizes 100,500,1000] [--interval 10] [--rounds 3]
@@ -223,7 +224,7 @@ def operator_run(
     )
     try:
         time.sleep(3)
-        baseline = fibers_series(port)
+        baseline = fibers_series(port, per_resource=True)
 
         def body(i: int) -> dict[str, Any]:
             name = f"c{i}"
@@ -275,8 +276,8 @@ def operator_run(
             figures
             | scraped
             | {
-                "metrics_series_before": baseline,
-                "metrics_series_after_delete": fibers_series(port),
+                "metrics_resource_series_before": baseline,
+                "metrics_resource_series_after_delete": fibers_series(port, per_resource=True),
                 "steady_calls_per_interval": round(steady, 2),
                 "polling_loop_calls_per_interval": polling,
                 "operator_rss_mib": round(rss, 1),
@@ -292,10 +293,12 @@ def operator_run(
         delete_topics(info.kafka_bootstrap, f"{namespace}-")
 
 
-def fibers_series(port: int) -> int:
-    """The operator's own series (fibers_*) on its /metrics now."""
+def fibers_series(port: int, *, per_resource: bool = False) -> int:
+    """The operator's own series (fibers_*) on its /metrics now; with `per_resource`, only those about one
+    resource (a `name` label) — the per-kind and per-cluster ones stay whatever is deleted."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    return sum(1 for line in text.splitlines() if line.startswith("fibers_"))
+    lines = [line for line in text.splitlines() if line.startswith("fibers_")]
+    return sum(1 for line in lines if 'name="' in line) if per_resource else len(lines)
 
 
 def scrape_figures(port: int) -> dict[str, Any]:
@@ -378,7 +381,8 @@ def main() -> int:
         "steady_calls_independent_of_n": len({round(results[str(n)]["steady_calls_per_interval"]) for n in sizes}) == 1,
         "rss_le_120_mib_at_largest": largest["operator_rss_mib"] <= 120,
         "series_back_to_baseline": all(
-            results[str(n)]["metrics_series_after_delete"] == results[str(n)]["metrics_series_before"] for n in sizes
+            results[str(n)]["metrics_resource_series_after_delete"] == results[str(n)]["metrics_resource_series_before"]
+            for n in sizes
         ),
     }
     session.report(results)

@@ -197,6 +197,7 @@ def declare_kinds(kinds: tuple[str, ...]) -> None:
     for kind in kinds:
         RECONCILES.labels(kind)
         RECONCILE_ERRORS.labels(kind)
+        RECONCILE_SECONDS.labels(kind)
 
 
 def serve(port: int, kinds: tuple[str, ...] = ()) -> None:

@@ -42,17 +42,19 @@ def test_a_deleted_consumers_series_go_with_it_and_a_removed_sink_goes_at_once()
 def test_reconcile_counters_of_declared_kinds_are_served_at_zero_before_any_reconcile() -> None:
     """An error-rate alert evaluates to 0 rather than "no data" on an operator that has had no error."""
 
-    def errors(kind: str) -> list[float]:
+    def values(series: str, kind: str) -> list[float]:
         return [
             sample.value
             for family in REGISTRY.collect()
             for sample in family.samples
-            if sample.name == "fibers_reconcile_errors_total" and sample.labels.get("kind") == kind
+            if sample.name == series and sample.labels.get("kind") == kind
         ]
 
-    assert errors("NeverReconciled") == []
+    assert values("fibers_reconcile_errors_total", "NeverReconciled") == []
     metrics.declare_kinds(("NeverReconciled",))
-    assert errors("NeverReconciled") == [0.0]
+    assert values("fibers_reconcile_errors_total", "NeverReconciled") == [0.0]
+    # The time histogram too: its series do not appear with the first reconcile (nor stay after the last resource).
+    assert values("fibers_reconcile_seconds_count", "NeverReconciled") == [0.0]
 
 
 def test_a_transform_run_is_counted_once_when_it_ends_and_its_series_go_with_the_transform() -> None:
