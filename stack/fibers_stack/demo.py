@@ -479,7 +479,10 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     _install(api, info)
     screen.step(f"helm install {RELEASE} charts/fibers -n {RELEASE_NAMESPACE}  (the operator, as a pod)")
     _install_operator(info)
-    screen.step(f"Prometheus scrapes the operator (the chart's ServiceMonitor; its alert rules): {info.prometheus_url}")
+    screen.step(
+        "Prometheus scrapes the operator, the consumer pods and the streaming driver (the chart's ServiceMonitor "
+        f"and PodMonitors; its alert rules; Grafana dashboards as ConfigMaps in fibers-system): {info.prometheus_url}"
+    )
     report = EXAMPLES / "05-transform-orders-report.yaml"  # applied once there are orders to report on
     for path in sorted(p for p in EXAMPLES.glob("0*.yaml") if p != report):
         screen.step(f"kubectl apply -f examples/{path.name}  →  {_apply(api, path)}")
