@@ -18,6 +18,7 @@ largest N's.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -124,8 +125,7 @@ def main() -> int:
     info = session.stack()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     crds.apply(api)
-    workdir = Path(f"/tmp/fibers-bench-operator-scale-{uuid.uuid4().hex[:6]}")
-    workdir.mkdir()
+    workdir = Path(tempfile.mkdtemp(prefix="fibers-bench-"))
     results: dict[str, Any] = {"settle_seconds": args.settle, "quiet_seconds": args.quiet}
     for n in sizes:
         results[str(n)] = figures = measure(info, api, n, args, workdir)

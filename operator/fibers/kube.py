@@ -88,6 +88,15 @@ def custom(plural: str, namespace: str | None = None, name: str | None = None, s
     return path(API_VERSION, plural, namespace, name, sub)
 
 
+def adopt(child: dict[str, Any], owner: dict[str, Any], *, controller: bool = True) -> None:
+    """Add `owner` (a resource as the API server returns it) to `child`'s owner references, through kopf's
+    helper: Kubernetes deletes the child with its owner. A controller also blocks the owner's deletion
+    until the child is gone."""
+    kopf.append_owner_reference(
+        child, owner=kopf.Body(cast(kopf.RawBody, owner)), controller=controller, block_owner_deletion=controller
+    )
+
+
 class Kube:
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -249,9 +258,7 @@ class Kube:
             },
             "data": data,
         }
-        kopf.append_owner_reference(
-            body, owner=kopf.Body(cast(kopf.RawBody, owner)), controller=False, block_owner_deletion=False
-        )
+        adopt(body, owner, controller=False)
         try:
             await asyncio.to_thread(self.api.create, path("v1", "configmaps", namespace), body)
         except ApiError as exc:

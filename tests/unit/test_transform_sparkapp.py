@@ -53,6 +53,17 @@ def transform(**spec: Any) -> dict[str, Any]:
     return body
 
 
+def streaming_transform(**spec: Any) -> dict[str, Any]:
+    """A streaming Transform: one Kafka input, a Kafka output, a checkpoint."""
+    return transform(
+        mode="streaming",
+        checkpoint={"location": "/c"},
+        inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
+        output={"kafka": {"topic": "x"}},
+        **spec,
+    )
+
+
 def build(
     body: dict[str, Any] | None = None, defaults: Defaults | None = None, trigger: str = "create"
 ) -> dict[str, Any]:
@@ -190,24 +201,12 @@ def test_kafka_jars_are_on_the_class_path_spark_submit_builds() -> None:
 def test_restart_policy_and_no_ttl() -> None:
     batch = build()["spec"]
     assert batch["restartPolicy"] == {"type": "Never"} and "timeToLiveSeconds" not in batch
-    streaming_body = transform(
-        mode="streaming",
-        checkpoint={"location": "/c"},
-        inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
-        output={"kafka": {"topic": "x"}},
-    )
-    streaming = build(streaming_body)["spec"]
+    streaming = build(streaming_transform())["spec"]
     assert streaming["restartPolicy"]["type"] == "OnFailure"
 
 
 def test_a_streaming_driver_serves_its_metrics_on_a_named_port_and_a_batch_driver_does_not() -> None:
-    body = transform(
-        mode="streaming",
-        checkpoint={"location": "/c"},
-        inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
-        output={"kafka": {"topic": "x"}},
-    )
-    spec = build(body)["spec"]
+    spec = build(streaming_transform())["spec"]
     [driver] = spec["driver"]["template"]["spec"]["containers"]
     assert driver["ports"] == [{"name": "metrics", "containerPort": 9405, "protocol": "TCP"}]
     assert {"name": "FIBERS_METRICS_PORT", "value": "9405"} in driver["env"]
@@ -326,13 +325,7 @@ def test_the_app_conforms_to_the_real_spark_operator_crd() -> None:
         transform(
             spark={"volumes": volumes, "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}
         ),
-        transform(
-            mode="streaming",
-            checkpoint={"location": "/c"},
-            inputs=[{"name": "o", "kafka": {"topics": ["o"]}}],
-            output={"kafka": {"topic": "x"}},
-            spark={"driver": {"cores": 2, "coreRequest": "0.5"}, "executor": {"instances": 3}},
-        ),
+        streaming_transform(spark={"driver": {"cores": 2, "coreRequest": "0.5"}, "executor": {"instances": 3}}),
     ]
     for body in bodies:
         app = build(body)

@@ -269,11 +269,11 @@ class Runtime:
         """The figures a scrape reports. Runs on the metrics server's thread, so it never calls the Kafka
         consumer (a call beside the relay loop's `consume` blocks) and reads copies of what the relay loop
         changes (each dict copied in one step under the GIL)."""
-        checkpoints, written, lags = dict(self.checkpoints), dict(self.store.written), self.lags
-        timelines = [Timeline(*parse_timeline_key(key), lags.get(key), written.get(key)) for key in list(self.held)]
+        written, lags = dict(self.store.written), self.lags
+        timelines = [Timeline(*timeline, lags.get(key), written.get(key)) for key, timeline in list(self.held.items())]
         return Snapshot(
             events=self.events_processed,
-            mode=self._mode(checkpoints),
+            mode=self._mode(),
             sinks=[
                 SinkFigures(name, stats.windows, stats.errors, stats.timeouts)
                 for name, stats in zip(self.sink_names, self.sink_stats, strict=True)
@@ -293,10 +293,9 @@ class Runtime:
         for callback in self.callbacks:
             getattr(callback, name)(*args)
 
-    def _mode(self, checkpoints: dict[str, Checkpoint] | None = None) -> str:
-        modes = {
-            cp.consumption_mode.value for cp in (self.checkpoints if checkpoints is None else checkpoints).values()
-        }
+    def _mode(self) -> str:
+        # list(): copied in one step, as the metrics server's thread asks too (`snapshot`).
+        modes = {cp.consumption_mode.value for cp in list(self.checkpoints.values())}
         for mode in ("BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "INIT", "ONLINE_CONSUMPTION"):
             if mode in modes:
                 return mode

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, cast
-
-import kopf
+from typing import Any
 
 from fibers import termination
 from fibers.api import DATABUS_PLURAL
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, sink_name, sink_specs
+from fibers.kube import adopt
 from fibers.upstream import Upstream
 
 PLURAL = DATABUS_PLURAL
@@ -200,5 +199,5 @@ def statefulset(
             },
         },
     }
-    kopf.append_owner_reference(manifest, owner=kopf.Body(cast(kopf.RawBody, body)))  # deleted with the consumer
+    adopt(manifest, body)
     return manifest

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, cast
-
-import kopf
+from typing import Any
 
 from fibers import termination
 from fibers.jobs.progress import METRICS_PORT_ENV
-from fibers.kube import Kube
+from fibers.kube import Kube, adopt
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
 from fibers.transform.spec import Defaults, secret_envs
@@ -204,7 +202,7 @@ def build(
             "executor": executor_spec,
         },
     }
-    kopf.append_owner_reference(application, owner=kopf.Body(cast(kopf.RawBody, transform)))  # deleted with it
+    adopt(application, transform)
     return application
 
 
