@@ -27,6 +27,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.connect_cluster:
         os.environ["FIBERS_CONNECT_DEFAULT_CLUSTER"] = args.connect_cluster
+    os.environ[controller.NAMESPACES_ENV] = ",".join(args.namespace or [])  # the child watches' scope
     if args.metrics_port:
         metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS)
     peering: dict[str, Any] = (

@@ -22,15 +22,19 @@ from fibers.connect.spec import KIND as CONNECT_KIND
 from fibers.connect.sync import ConnectSync, SyncSettings
 from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
 from fibers.databus.reconciler import DatabusReconciler
+from fibers.databus.workload import CHILDREN as DATABUS_CHILDREN
 from fibers.databus.workload import KIND as DATABUS_KIND
 from fibers.kube import Kube, load_client
+from fibers.reconciles import Pacing, Reconciles
 from fibers.schemas import handlers as _schema_handlers  # registers handlers
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.reconcile import SchemaSettings
 from fibers.transform import handlers as _transform_handlers  # registers handlers
 from fibers.transform.reconciler import TransformReconciler
+from fibers.transform.sparkapp import CHILDREN as TRANSFORM_CHILDREN
 from fibers.transform.spec import KIND as TRANSFORM_KIND
 from fibers.transform.spec import Defaults
+from fibers.watches import ChildWatches, Scope
 
 log = logging.getLogger("fibers.operator")
 
@@ -41,8 +45,9 @@ _WATCHING: tuple[Callable[..., Any], ...] = (
     _connect_handlers.connect_event,
     _connect_handlers.connect_cluster_event,
     _connect_handlers.namespace_event,
-    _transform_handlers.run_changed,
+    _transform_handlers.transform_event,
     _schema_handlers.registry_event,
+    _schema_handlers.schema_event,
 )
 WATCH_HANDLERS = {handler.__qualname__ for handler in _WATCHING}  # kopf's handler ids
 
@@ -60,6 +65,16 @@ def settings_from_env() -> SyncSettings:
 def cluster_settings_from_env() -> ClusterSettings:
     return ClusterSettings(
         refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", str(ClusterSettings.refresh)))
+    )
+
+
+NAMESPACES_ENV = "FIBERS_NAMESPACES"  # what `fibers run -n …` told kopf, comma-separated (none: the cluster)
+
+
+def pacing_from_env() -> Pacing:
+    return Pacing(
+        resync=float(os.environ.get("FIBERS_RESYNC_SECONDS", str(Pacing.resync))),
+        workers=int(os.environ.get("FIBERS_RECONCILE_WORKERS", str(Pacing.workers))),
     )
 
 
@@ -142,7 +157,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     memo.schemas_task = asyncio.create_task(memo.schemas.run(), name="schema-registries")
     defaults = transform_defaults_from_env()
-    memo.transform = TransformReconciler(kube, defaults)
+    reconciles = memo.reconciles = Reconciles(pacing_from_env())
+    memo.transform = TransformReconciler(kube, defaults, reconciles.dependents)
     memo.databus = DatabusReconciler(
         kube,
         kafka_bootstrap=defaults.kafka_bootstrap,
@@ -151,16 +167,33 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         image_pull_policy=defaults.image_pull_policy,
         schema_registry=defaults.schema_registry,
         lineage=lineage_from(defaults),
+        dependents=reconciles.dependents,
     )
+    reconciles.register(TRANSFORM_KIND, memo.transform.reconcile)
+    reconciles.register(DATABUS_KIND, memo.databus.reconcile)
+    memo.reconciles_task = asyncio.create_task(reconciles.run(), name="reconciles")
+    # The children each kind creates, watched by label: a change is a reason to look at their owner.
+    memo.watches = ChildWatches(kube.api, Scope(os.environ.get(NAMESPACES_ENV, "").split(",")))
+    for kind, children in ((DATABUS_KIND, DATABUS_CHILDREN), (TRANSFORM_KIND, TRANSFORM_CHILDREN)):
+        for child in children:
+            memo.watches.add(child, _owner_changed(reconciles, kind))
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
+
+
+def _owner_changed(reconciles: Reconciles, kind: str) -> Callable[[str, str], None]:
+    def changed(namespace: str, owner: str) -> None:
+        reconciles.nudge(kind, namespace, owner, reconciles.pacing.child_delay)
+
+    return changed
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    memo.connect_task.cancel()
-    memo.connect_clusters_task.cancel()
-    memo.schemas_task.cancel()
-    await asyncio.gather(memo.connect_task, memo.connect_clusters_task, memo.schemas_task, return_exceptions=True)
+    memo.watches.stop()
+    tasks = (memo.connect_task, memo.connect_clusters_task, memo.schemas_task, memo.reconciles_task)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     await memo.connect.aclose()
     await memo.connect_clusters.aclose()
     await memo.schemas.aclose()

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import yaml
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # projected service-account tokens rotate; the file is read again this often
 REQUEST_TIMEOUT = 60.0  # seconds; a call not answered by then is Unreachable (the API server is stuck)
+WATCH_SECONDS = 300  # the API server ends a watch after this long; the watcher opens it again from where it was
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -196,9 +198,7 @@ class Api:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        headers = {"Content-Type": content_type} if body is not None else {}
-        if token := self._bearer():
-            headers["Authorization"] = f"Bearer {token}"
+        headers = self._auth({"Content-Type": content_type} if body is not None else {})
         try:
             response = self._http.request(
                 method,
@@ -213,6 +213,35 @@ class Api:
         if response.status_code >= 400:
             raise ApiError(response.status_code, response.reason_phrase, response.text)
         return dict(response.json()) if response.content else {}
+
+    def _auth(self, headers: dict[str, str]) -> dict[str, str]:
+        if token := self._bearer():
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def watch(self, url: str, *, resource_version: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """The events of a watch from `resource_version` (bookmarks included) until the server ends it.
+
+        Blocking: it is meant for a thread of its own. An `ERROR` event (410 Gone: the version is too
+        old) is handed on like the others; the caller lists again.
+        """
+        query = {
+            **params,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        timeout = httpx.Timeout(REQUEST_TIMEOUT, read=WATCH_SECONDS + REQUEST_TIMEOUT)
+        try:
+            with self._http.stream("GET", url, params=query, headers=self._auth({}), timeout=timeout) as response:
+                if response.status_code >= 400:
+                    raise ApiError(response.status_code, response.reason_phrase, response.read().decode())
+                for line in response.iter_lines():
+                    if line:
+                        yield dict(json.loads(line))
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
 
     def get(self, url: str, **params: Any) -> dict[str, Any]:
         return self.request("GET", url, params=params or None)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,6 +75,34 @@ class WatchHandlerSuccess(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.msg in self._lines)
+
+
+class Repeats:
+    """Which lines of a repeated failure to log: the first, each change, then one every `every` seconds.
+
+    A failure retried every few seconds (an API server or Kafka Connect that does not answer, a CRD
+    that is not installed) would otherwise log a line per try, and per resource.
+    """
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._last: dict[Hashable, tuple[str, float]] = {}  # key -> (message, when it was last logged)
+
+    def due(self, key: Hashable, message: str) -> bool:
+        """True when this failure should be logged now (and then it counts as logged)."""
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and last[0] == message and now - last[1] < self.every:
+            return False
+        self._last[key] = (message, now)
+        return True
+
+    def ended(self, key: Hashable) -> bool:
+        """The failure is over: True when it had been logged (so its end is worth a line too)."""
+        return self._last.pop(key, None) is not None
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._last
 
 
 def setup(level: int = logging.INFO, json_lines: bool | None = None) -> None:

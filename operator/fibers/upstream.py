@@ -4,8 +4,9 @@ A Transform input or a DatabusConsumer source may name the resource that writes 
 (`connectRef`: a Connect's topics; `transformRef`: another Transform's Kafka output) instead of
 the topics themselves. The kinds know nothing of each other's code (an import-linter contract):
 what a reference means is read here, from the referenced resource's own spec and status, through
-the API server. Both reconcilers resolve their references on every reconcile, so a change
-upstream reaches them within one of their intervals.
+the API server. Both reconcilers resolve their references on every reconcile and note them in
+`Dependents`; a change to a referenced resource (its status included) makes the resources that
+read from it reconcile again (`fibers.reconciles.Reconciles.changed`).
 
 `UpstreamReady` is an extra condition (kstatus reads only Ready, Reconciling and Stalled): False,
 naming the first upstream resource that is missing or not Ready and why, while anything the
@@ -95,6 +96,50 @@ class Upstream:
         if str(config.get("provide.transaction.metadata", "")).lower() == "true" and config.get("topic.prefix"):
             skip.add(f"{config['topic.prefix']}.{config.get('topic.transaction') or 'transaction'}")
         return [t for t in self.topics() if t not in skip and not t.startswith(_HEARTBEAT_PREFIX)]
+
+
+Key = tuple[str, str, str]  # (kind, namespace, name)
+
+
+class Dependents:
+    """Who reads from whom: for each referenced resource, the resources whose specs reference it.
+
+    Kept from what each reconcile resolved (a reference to a resource that does not exist yet counts:
+    its creation is the news the reader waits for).
+    """
+
+    def __init__(self) -> None:
+        self._readers: dict[Key, set[Key]] = {}  # referenced -> its readers
+        self._reads: dict[Key, set[Key]] = {}  # reader -> what it references
+
+    def note(self, reader: Key, refs: list[Ref]) -> None:
+        """What `reader` references now (replacing what it referenced before)."""
+        namespace = reader[1]
+        now = {(ref.kind, namespace, ref.name) for ref in refs}
+        before = self._reads.get(reader, set())
+        for gone in before - now:
+            self._unlink(gone, reader)
+        for new in now - before:
+            self._readers.setdefault(new, set()).add(reader)
+        if now:
+            self._reads[reader] = now
+        else:
+            self._reads.pop(reader, None)
+
+    def forget(self, reader: Key) -> None:
+        for referenced in self._reads.pop(reader, set()):
+            self._unlink(referenced, reader)
+
+    def of(self, kind: str, namespace: str, name: str) -> list[Key]:
+        """The resources that reference this one."""
+        return sorted(self._readers.get((kind, namespace, name), ()))
+
+    def _unlink(self, referenced: Key, reader: Key) -> None:
+        readers = self._readers.get(referenced)
+        if readers is not None:
+            readers.discard(reader)
+            if not readers:
+                del self._readers[referenced]
 
 
 def _ready(body: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,16 @@ def _entries(path: Path) -> Iterator[dict[str, Any]]:
                         yield json.loads(line)
 
 
-def requests(path: Path, since: datetime, until: datetime, agents: tuple[str, ...] = OPERATOR_AGENTS) -> list[Request]:
-    """The requests received in [since, until) from a client whose user agent starts with one of `agents`."""
+def requests(
+    path: Path,
+    since: datetime,
+    until: datetime,
+    agents: tuple[str, ...] = OPERATOR_AGENTS,
+    namespaces: tuple[str, ...] | None = None,
+) -> list[Request]:
+    """The requests received in [since, until) from a client whose user agent starts with one of `agents`
+    (and, given `namespaces`, about objects in one of them; "" is the cluster-scoped ones): another
+    operator process running beside the one measured (a test's) has the same user agents."""
     found = []
     for entry in _entries(path):
         agent = str(entry.get("userAgent") or "")
@@ -50,6 +58,8 @@ def requests(path: Path, since: datetime, until: datetime, agents: tuple[str, ..
         if not since <= at < until:
             continue
         ref = entry.get("objectRef") or {}
+        if namespaces is not None and str(ref.get("namespace") or "") not in namespaces:
+            continue
         resource = str(ref.get("resource") or "")
         if ref.get("subresource"):
             resource += f"/{ref['subresource']}"

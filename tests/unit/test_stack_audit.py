@@ -47,3 +47,16 @@ def test_the_operators_requests_in_a_window_are_counted_by_verb_and_resource(tmp
         "list pods": 1,
     }
     assert {r.agent for r in found} == {"kopf/1.38", "fibers"}
+
+
+def test_a_namespace_filter_leaves_out_another_operators_namespaces_but_keeps_cluster_requests(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = [
+        entry("2026-11-24T17:00:01.000000Z", "fibers", "get", "transforms"),  # in "shop"
+        entry("2026-11-24T17:00:01.500000Z", "fibers", "get", "transforms").replace('"shop"', '"other"'),
+        entry("2026-11-24T17:00:02.000000Z", "kopf/1.38", "watch", "namespaces").replace(', "namespace": "shop"', ""),
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    since, until = datetime(2026, 11, 24, 17, 0, 0, tzinfo=UTC), datetime(2026, 11, 24, 17, 0, 5, tzinfo=UTC)
+    found = audit.requests(log, since, until, namespaces=("shop", ""))
+    assert sorted((r.namespace, r.verb) for r in found) == [("", "watch"), ("shop", "get")]

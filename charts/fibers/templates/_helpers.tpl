@@ -84,24 +84,28 @@ exactly these permissions.
   verbs: [get]
 # Transform: a run's result ConfigMap is read, then deleted with the run.
 # DatabusConsumer: the checkpoint ConfigMap is read to mirror it into status, and deleted on a
-# seek or with the resource when checkpoint.retention is Delete (the consumers write it).
+# seek or with the resource when checkpoint.retention is Delete (the consumers write it); the
+# checkpoint ConfigMaps are listed and watched by their label (fibers.dev/databusconsumer), so a
+# consumer's progress reaches its status without polling.
 # Connect: `fibers.dev/offsets: list` writes the offsets ConfigMap (created, or replaced), and
 # `alter` reads the one it names.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, update, delete]
+  verbs: [get, list, watch, create, update, delete]
 # DatabusConsumer: one StatefulSet of its instances, read, created, patched (template, replicas) and
-# deleted on a seek; the one Deployment per instance of earlier versions is found by label and deleted.
+# deleted on a seek, and watched by label; the one Deployment per instance of earlier versions is
+# found by label and deleted.
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [list, delete]
-# DatabusConsumer: its pods are listed to report an instance's exit and to wait out a seek.
+# DatabusConsumer: its pods are listed and watched by label to report an instance's exit and to
+# wait out a seek.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
 # Kubernetes Events on each resource, from kopf and from the reconcilers (core/v1 Events).
 - apiGroups: [""]
   resources: [events]

@@ -9,8 +9,9 @@ import kopf
 from fibers.api import GROUP, VERSION
 from fibers.connect.clusters import PLURAL as CLUSTERS
 from fibers.connect.registry import ConnectClusters
-from fibers.connect.spec import PLURAL
+from fibers.connect.spec import KIND, PLURAL
 from fibers.connect.sync import ConnectSync
+from fibers.reconciles import Reconciles
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -18,6 +19,8 @@ async def connect_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, 
     """Creations, changes, deletions and the listing at start-up alike: the loop is level-triggered."""
     sync: ConnectSync = memo.connect
     await sync.observe(event.get("type"), body)
+    reconciles: Reconciles = memo.reconciles  # Transforms and consumers reading its topics look again
+    reconciles.changed(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, CLUSTERS)

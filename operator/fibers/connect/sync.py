@@ -47,6 +47,7 @@ from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, Conn
 from fibers.connect.spec import KIND, PLURAL, SpecError, parse
 from fibers.kube import Kube, SecretMissing, additions, describe
 from fibers.kubeapi import ApiError
+from fibers.logs import Repeats
 from fibers.redact import redact, truncate
 
 log = logging.getLogger("fibers.connect")
@@ -137,7 +138,7 @@ class ConnectSync:
         self._converging: set[str] = set()
         self._nudged: set[str] = set()  # clusters with a changed resource, synced without waiting
         self._last_sync: dict[str, float] = {}
-        self._unreachable: dict[str, tuple[str, float]] = {}  # cluster -> (what failed, when it was last logged)
+        self._unreachable = Repeats(self.policy.unreachable_log_every)  # clusters that do not answer
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
         self._written: dict[tuple[str, str], float] = {}
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
@@ -418,7 +419,7 @@ class ConnectSync:
                 await self._publish(target, self._unreachable_status(target, message))
             self._converging.discard(cluster)  # asked again every `unreachable_retry` s, not at the fast pace
             return
-        if self._unreachable.pop(cluster, None) is not None:
+        if self._unreachable.ended(cluster):
             log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
         if with_configs:
@@ -524,12 +525,8 @@ class ConnectSync:
     def _note_unreachable(self, cluster: str, message: str) -> None:
         """Log an outage when it starts or its error changes, then at most every `unreachable_log_every` s:
         a thousand Connects on a cluster that is down make one line per cluster, not one per poll."""
-        now = time.monotonic()
-        last = self._unreachable.get(cluster)
-        if last is not None and last[0] == message and now - last[1] < self.policy.unreachable_log_every:
-            return
-        log.warning("Kafka Connect unreachable", extra={"cluster": cluster, "error": message})
-        self._unreachable[cluster] = (message, now)
+        if self._unreachable.due(cluster, message):
+            log.warning("Kafka Connect unreachable", extra={"cluster": cluster, "error": message})
 
     def _unreachable_status(self, target: Target, message: str) -> dict[str, Any]:
         now = utcnow()

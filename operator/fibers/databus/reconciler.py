@@ -24,6 +24,7 @@ from fibers.databus.config import ConsumerConfig
 from fibers.databus.workload import LABEL_CONSUMER, LABEL_INSTANCE, PLURAL
 from fibers.kube import Kube
 from fibers.kubeapi import path
+from fibers.reconciles import Again
 from fibers.redact import redact, truncate
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
@@ -43,8 +44,10 @@ class DatabusReconciler:
         image_pull_policy: str = "IfNotPresent",
         schema_registry: str | None = None,
         lineage: dict[str, str] | None = None,
+        dependents: upstream.Dependents | None = None,
     ) -> None:
         self.kube = kube
+        self.dependents = dependents or upstream.Dependents()  # what each consumer's sourceRefs name
         self.schema_registry = schema_registry  # the operator's default SchemaRegistry (spec.relay.avro)
         self.lineage = lineage  # {topic, bootstrapServers, namespace} of OpenLineage events, or None
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
@@ -52,13 +55,15 @@ class DatabusReconciler:
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._told: set[tuple[str, str, str]] = set()  # topic changes upstream already announced (an Event each)
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    async def reconcile(self, namespace: str, name: str) -> Again | None:
+        """Look at one consumer; None when it is gone (or going: its delete handler has the rest)."""
         async with self._locks[(namespace, name)]:
             body = await self.kube.get_object(PLURAL, namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return
-            with metrics.reconciling(workload.KIND):
-                await self._reconcile(body)
+            if body is not None and not body["metadata"].get("deletionTimestamp"):
+                with metrics.reconciling(workload.KIND):
+                    return await self._reconcile(body)
+        self._locks.pop((namespace, name), None)
+        return None
 
     async def _legacy(self, namespace: str, name: str) -> list[str]:
         """The per-instance Deployments of an earlier version still there (replaced by the StatefulSet)."""
@@ -89,7 +94,7 @@ class DatabusReconciler:
         except RegistryNotChosen as exc:
             raise ValueError(f"spec.relay.avro: {exc}") from None
 
-    async def _reconcile(self, body: dict[str, Any]) -> None:
+    async def _reconcile(self, body: dict[str, Any]) -> Again:
         meta, spec = body["metadata"], body["spec"]
         namespace, name = meta["namespace"], meta["name"]
         status = dict(body.get("status") or {})
@@ -107,9 +112,9 @@ class DatabusReconciler:
         start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
 
         # What sourceRefs point at, read now: their topics, and whether they are healthy.
-        upstreams = await upstream.resolve(
-            self.kube.get_object, namespace, upstream.refs_in(spec.get("sourceRefs") or [], "spec.sourceRefs")
-        )
+        refs = upstream.refs_in(spec.get("sourceRefs") or [], "spec.sourceRefs")
+        self.dependents.note((workload.KIND, namespace, name), refs)
+        upstreams = await upstream.resolve(self.kube.get_object, namespace, refs)
         health = upstream.condition(upstreams, namespace)
         if event := upstream.transition(status.get("conditions"), health):
             self._post(body, *event)
@@ -166,6 +171,9 @@ class DatabusReconciler:
         if new_status != body.get("status"):
             await self.kube.replace_status(PLURAL, namespace, name, new_status, body.get("status") or {})
             self._announce(body, status, new_status)
+        # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
+        # Everything else it reads (children, sourceRefs) brings it back when it changes.
+        return Again(waiting=bool(problem))
 
     def _announce(self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
         """An Event and a log line when the phase changes (Running, Bootstrapping, Failed, …)."""

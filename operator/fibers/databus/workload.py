@@ -17,11 +17,19 @@ from fibers.api import DATABUS_PLURAL
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, sink_name, sink_specs
 from fibers.kube import adopt
 from fibers.upstream import Upstream
+from fibers.watches import Child
 
 PLURAL = DATABUS_PLURAL
 KIND = "DatabusConsumer"
 LABEL_CONSUMER = "fibers.dev/databusconsumer"
 LABEL_INSTANCE = "fibers.dev/instance"  # on the Deployments (and their pods) of earlier versions
+# Watched: a change to the StatefulSet (ready replicas), a pod (an instance exiting) or the checkpoint
+# ConfigMap (the consumers' progress) brings the consumer back to its reconciler.
+CHILDREN = (
+    Child("apps/v1", "statefulsets", LABEL_CONSUMER),
+    Child("v1", "pods", LABEL_CONSUMER),
+    Child("v1", "configmaps", LABEL_CONSUMER),
+)
 # The consumer container's `/metrics` (port name `metrics`, what the chart's PodMonitor scrapes).
 METRICS_PORT = 9404
 SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"

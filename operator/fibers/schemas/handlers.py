@@ -12,9 +12,10 @@ import kopf
 
 from fibers.api import GROUP, VERSION
 from fibers.outages import api_outage_is_temporary
+from fibers.reconciles import Reconciles
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.reconcile import SchemaSettings
-from fibers.schemas.spec import PLURAL, REGISTRIES, Claim, RegistrySpec, parse_registry
+from fibers.schemas.spec import KIND, PLURAL, REGISTRIES, Claim, RegistrySpec, parse_registry
 
 
 def _operator(memo: Any) -> SchemaOperator:
@@ -64,6 +65,13 @@ async def schema_tick(
         claims = _claims(kwargs, str(spec.get("subject")))
         with api_outage_is_temporary():
             await operator.reconcile_schema(dict(body), _registries(kwargs), claims)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def schema_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Any change, its registration in status too: Transforms whose Avro inputs name it look again."""
+    reconciles: Reconciles = memo.reconciles
+    reconciles.changed(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -1,4 +1,11 @@
-"""kopf handlers for Transform: thin, each asks the reconciler to look at one Transform."""
+"""kopf handlers for Transform: thin, each hands the Transform to the reconcile queue.
+
+There is no timer: a Transform is looked at when its spec changes, when one of its SparkApplications
+changes (`fibers.watches`, wired in `fibers.controller`: a server-side label selector, where a kopf
+handler would list every SparkApplication in the cluster), when a resource its inputs reference
+changes, at the time it asked for (its next schedule slot, a submission deadline) and at the queue's
+slow resync (`fibers.reconciles`).
+"""
 
 from __future__ import annotations
 
@@ -8,43 +15,32 @@ import kopf
 
 from fibers import metrics
 from fibers.api import GROUP, VERSION
-from fibers.outages import api_outage_is_temporary
-from fibers.transform import sparkapp
-from fibers.transform.reconciler import TransformReconciler
-from fibers.transform.spec import PLURAL
-
-
-# The same shape as databus/handlers.py, on purpose: the kinds know nothing of each other (an
-# import-linter contract), and three lines of kopf wiring are not worth a shared module.
-def _reconciler(memo: Any) -> TransformReconciler:
-    reconciler: TransformReconciler = memo.transform
-    return reconciler
+from fibers.reconciles import Reconciles
+from fibers.transform.spec import KIND, PLURAL
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def transform_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    with api_outage_is_temporary():
-        await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+    """New, changed, or found at start-up: looked at now."""
+    reconciles: Reconciles = memo.reconciles
+    reconciles.soon(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=5, initial_delay=5, backoff=5)
-async def transform_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Schedules, submission deadlines and connectRef topics need a look even when nothing changes."""
-    with api_outage_is_temporary():
-        await _reconciler(memo).reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def transform_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Any change, its status's too: the Transforms and consumers reading its output look again."""
+    reconciles: Reconciles = memo.reconciles
+    reconciles.changed(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
-@kopf.on.event(sparkapp.GROUP, sparkapp.VERSION, sparkapp.PLURAL, labels={sparkapp.LABEL_TRANSFORM: kopf.PRESENT})
-async def run_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A SparkApplication moved on: mirror it into its Transform."""
-    owner = body["metadata"]["labels"][sparkapp.LABEL_TRANSFORM]
-    with api_outage_is_temporary():
-        await _reconciler(memo).reconcile(body["metadata"]["namespace"], owner)
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def transform_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Its series go with it (the SparkApplications go by their owner references).
 
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def transform_deleted(body: kopf.Body, **_: Any) -> None:
-    """Its series go with it (the SparkApplications go by their owner references)."""
-    metrics.forget_transform(body["metadata"]["namespace"], body["metadata"]["name"])
+    Not optional: kopf's finalizer makes sure this runs (the per-object timer used to add it)."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    reconciles: Reconciles = memo.reconciles
+    reconciles.forget(KIND, namespace, name)
+    metrics.forget_transform(namespace, name)

@@ -1,7 +1,8 @@
 """The Transform reconciler: read, plan, act, report — one Transform at a time.
 
-It runs on every Transform change, on every change of one of its SparkApplications, and on a
-short timer (schedules, submission deadlines). A run is recorded in status before its
+It runs on every Transform change, on every change of one of its SparkApplications or of a
+resource its inputs reference, and at the times it names (its next schedule slot, a run's
+submission deadline; see `fibers.reconciles`). A run is recorded in status before its
 SparkApplication is created, so an operator that dies in between creates that same run again
 instead of a second one.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -18,6 +20,7 @@ from fibers import metrics, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
 from fibers.conditions import format_time, parse_time, utcnow
 from fibers.kube import Kube
+from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
 from fibers.transform import runs, sparkapp
@@ -40,8 +43,9 @@ log = logging.getLogger("fibers.transform")
 
 
 class TransformReconciler:
-    def __init__(self, kube: Kube, defaults: Defaults) -> None:
+    def __init__(self, kube: Kube, defaults: Defaults, dependents: upstream.Dependents | None = None) -> None:
         self.kube = kube
+        self.dependents = dependents or upstream.Dependents()  # what each Transform's inputs reference
         self.defaults = defaults
         self.apps = SparkApplications(kube)
         self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -49,6 +53,13 @@ class TransformReconciler:
     async def _upstream(self, namespace: str, view: TransformView) -> tuple[list[Upstream], str]:
         """What the inputs reference (connectRef, transformRef), read now; and a transformRef cycle, if any."""
         refs = upstream.refs_in(view.spec.get("inputs") or [], "spec.inputs")
+        # A Schema's registration (its status) is news too: an Avro input may wait for its id.
+        schemas = [
+            upstream.Ref("Schema", str(ref["schemaRef"]["name"]), f"{key}.schemaRef", 0)
+            for key, ref in avro_refs(view.spec).items()
+            if (ref.get("schemaRef") or {}).get("name")
+        ]
+        self.dependents.note((KIND, namespace, view.name), [*refs, *schemas])
         get = upstream.read_once(self.kube.get_object)  # the cycle walk and the resolution share their reads
         cycle = await upstream.find_cycle(get, namespace, view.name, refs) if refs else ""
         return await upstream.resolve(get, namespace, refs), cycle
@@ -89,15 +100,17 @@ class TransformReconciler:
             resolved[key] = {"registryUrl": registry.url, "subject": subject, **found}
         return resolved
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    async def reconcile(self, namespace: str, name: str) -> Again | None:
+        """Look at one Transform; None when it is gone (or going: its SparkApplications go with it)."""
         async with self._locks[(namespace, name)]:
             body = await self.kube.get_object(PLURAL, namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return
-            with metrics.reconciling(KIND):
-                await self._reconcile(TransformView(body))
+            if body is not None and not body["metadata"].get("deletionTimestamp"):
+                with metrics.reconciling(KIND):
+                    return await self._reconcile(TransformView(body))
+        self._locks.pop((namespace, name), None)
+        return None
 
-    async def _reconcile(self, view: TransformView) -> None:
+    async def _reconcile(self, view: TransformView) -> Again:
         namespace = view.body["metadata"]["namespace"]
         ctx = {"namespace": namespace, "resource": view.name}
         apps = await self.apps.list_for(namespace, view.name)
@@ -195,6 +208,10 @@ class TransformReconciler:
         view.body["status"] = status
         new_status = runs.report(view, mirrored, now, waiting=waiting, invalid=invalid, upstream=health)
         await self._publish(view, new_status, ctx)
+        # What changes by itself: the clock (a schedule slot, a deadline) and what waiting inputs wait for.
+        view.body["status"] = new_status
+        due = runs.next_look(view, apps, now)
+        return Again(at=due.timestamp() if due else math.inf, waiting=bool(waiting))
 
     async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:
         before = view.status

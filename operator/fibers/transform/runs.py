@@ -7,6 +7,7 @@ current run into the Transform's status.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -160,15 +161,44 @@ def _past_deadline(view: TransformView, app: dict[str, Any], now: datetime) -> b
     """
     if state_of(app) not in WAITING_FOR_DRIVER:
         return False
-    status = app.get("status") or {}
+    return now - _waiting_since(view, app) > timedelta(seconds=_deadline_seconds(view))
+
+
+def next_look(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> datetime | None:
+    """When this Transform must be looked at though nothing it reads changes (None: never).
+
+    The clock is all that moves it then: the next schedule slot, or the submission deadline of a
+    current run still waiting for its driver. Everything else arrives as an event.
+    """
+    times = []
+    schedule = view.spec.get("schedule")
+    if schedule and not view.streaming and not view.suspended:
+        # An unusable one ('0 0 30 2 *') has no next time: the status says so (spec.problem).
+        with contextlib.suppress(ValueError, KeyError):
+            times.append(croniter(schedule, now).get_next(datetime))
+    current = view.current
+    app = next((a for a in apps if a["metadata"]["name"] == current.get("name")), None)
+    acted_on = current.get("applicationState") in (SUSPENDED, DEADLINE)
+    if app is not None and not acted_on and not finished(app) and state_of(app) in WAITING_FOR_DRIVER:
+        deadline = _waiting_since(view, app) + timedelta(seconds=_deadline_seconds(view), milliseconds=100)
+        if deadline > now:
+            times.append(deadline)
+    return min(times) if times else None
+
+
+def _deadline_seconds(view: TransformView) -> int:
+    return int(view.spec.get("submissionDeadlineSeconds", 300))
+
+
+def _waiting_since(view: TransformView, app: dict[str, Any]) -> datetime:
+    """The (last) submission of a run: a restarted streaming run is measured from its own attempt."""
     since = parse_time(view.current.get("submittedAt") or app["metadata"]["creationTimestamp"])
-    if status.get("lastSubmissionAttemptTime"):
-        since = max(since, parse_time(status["lastSubmissionAttemptTime"]))
-    return now - since > timedelta(seconds=int(view.spec.get("submissionDeadlineSeconds", 300)))
+    last_attempt = (app.get("status") or {}).get("lastSubmissionAttemptTime")
+    return max(since, parse_time(last_attempt)) if last_attempt else since
 
 
 def deadline_message(view: TransformView, app: dict[str, Any]) -> str:
-    seconds = int(view.spec.get("submissionDeadlineSeconds", 300))
+    seconds = _deadline_seconds(view)
     state = state_of(app)
     if state == "":
         return (

@@ -16,10 +16,12 @@ from fibers.kube import Kube, adopt
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
 from fibers.transform.spec import Defaults, secret_envs
+from fibers.watches import Child
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 API = f"{GROUP}/{VERSION}"
 LABEL_TRANSFORM = "fibers.dev/transform"
+CHILDREN = (Child(API, PLURAL, LABEL_TRANSFORM),)  # watched: a run's change brings its Transform back
 LABEL_TRIGGER = "fibers.dev/trigger"
 JOB_ENTRY = "local:///opt/fibers/transform_job.py"  # the job image's shim for `python -m fibers.jobs.transform`
 JOB_JARS = "/opt/fibers/jars/*"  # the job image's spark-sql-kafka jars, as a Java class path entry

@@ -1,0 +1,208 @@
+"""One queue of due reconciles for the kinds that live in the cluster (DatabusConsumer, Transform).
+
+Why not a kopf timer per object: each tick is a few API calls per object, at rest too — 52 requests
+per resource per minute were measured with 3 s and 5 s timers, so a thousand resources would keep the
+API server busy doing nothing. Here a resource is looked at when something it reads changed (its own
+spec, a child — see `fibers.watches` —, a resource it references), at the time it asked for (a cron
+slot, a submission deadline, a retry while it waits for something that sends no event), and at a
+slow resync; all from one heap of due times and a few workers.
+
+A reconcile returns when it wants to be looked at again (`Again`), or None when the resource no
+longer exists (it is forgotten).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fibers.kube import describe
+from fibers.kubeapi import ApiError, Unreachable
+from fibers.logs import Repeats
+from fibers.outages import TRANSIENT_STATUSES
+from fibers.upstream import Dependents
+
+log = logging.getLogger("fibers.reconciles")
+
+Key = tuple[str, str, str]  # (kind, namespace, name)
+
+
+@dataclass(frozen=True)
+class Again:
+    """When a resource wants to be looked at again, besides any change and the resync."""
+
+    at: float = math.inf  # a Unix time: a cron slot, a submission deadline
+    waiting: bool = False  # it waits for something that sends no event (a SchemaRegistry, a Schema's id)
+
+
+Reconcile = Callable[[str, str], Awaitable[Again | None]]  # (namespace, name) -> Again, or None: gone
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How the queue paces its reconciles (FIBERS_RESYNC_SECONDS and friends, see fibers.controller)."""
+
+    # Reconciles running at once. Each is a handful of API calls in worker threads; more did not help
+    # on two cores, and a start-up of thousands of resources must not flood the API server.
+    workers: int = 4
+    # Every resource is looked at again this long after its last look, whatever happened: a missed
+    # event or a lost watch cannot leave a status wrong for longer. Strimzi's full reconciliation is
+    # every 120 s, but it reads from caches; ours reads from the API server, and at 600 s its share is
+    # ~0.5 requests per resource per minute (issue 23's budget is 1).
+    resync: float = 600.0
+    resync_jitter: float = 0.1  # ±10 %: resources created together do not come due together
+    # A child's change is looked at after this long: a consumer checkpointing every second, or a
+    # StatefulSet's pods starting one by one, is one reconcile, not one per event.
+    child_delay: float = 1.0
+    # A resource that changed is looked at by what reads from it (a sourceRef, a transformRef) after this.
+    upstream_delay: float = 0.5
+    # A resource waiting for something that sends no event is looked at again this often.
+    waiting: float = 30.0
+    # A failed reconcile is tried again after retry_min, doubling up to retry_max.
+    retry_min: float = 2.0
+    retry_max: float = 60.0
+    log_every: float = 300.0  # an unchanged failure is logged again this often (once when it starts)
+
+
+class Reconciles:
+    def __init__(self, pacing: Pacing | None = None, dependents: Dependents | None = None) -> None:
+        self.pacing = pacing or Pacing()
+        self.dependents = dependents or Dependents()
+        self._kinds: dict[str, Reconcile] = {}
+        self._heap: list[tuple[float, Key]] = []
+        self._due: dict[Key, float] = {}
+        self._known: set[Key] = set()  # handed over by kopf, not forgotten since
+        self._ready: asyncio.Queue[Key] = asyncio.Queue()
+        self._running: set[Key] = set()
+        self._again: set[Key] = set()  # came due while running: looked at once more when it ends
+        self._failures: dict[Key, int] = {}
+        self._logged = Repeats(self.pacing.log_every)
+        self._wake = asyncio.Event()
+        self.done = 0  # reconciles finished, failed ones included (the benchmark reads it)
+
+    def register(self, kind: str, reconcile: Reconcile) -> None:
+        self._kinds[kind] = reconcile
+
+    def soon(self, kind: str, namespace: str, name: str, delay: float = 0.0) -> None:
+        """Look at this resource in `delay` seconds (or sooner, if it is due sooner already).
+
+        Called from kopf's handlers, which makes the resource known to the queue."""
+        self._known.add((kind, namespace, name))
+        self.at((kind, namespace, name), time.time() + delay)
+
+    def nudge(self, kind: str, namespace: str, name: str, delay: float) -> None:
+        """`soon`, for a resource kopf has handed over (a child's event about any other is dropped).
+
+        A standby operator (kopf peering) gets no kopf handler calls until it is the active one, so it
+        knows no resource and acts on none; the active one knows each from its resume or create handler.
+        """
+        if (kind, namespace, name) in self._known:
+            self.at((kind, namespace, name), time.time() + delay)
+
+    def at(self, key: Key, when: float) -> None:
+        current = self._due.get(key)
+        if current is not None and current <= when:
+            return
+        self._due[key] = when
+        heapq.heappush(self._heap, (when, key))
+        if self._heap[0][1] == key:
+            self._wake.set()
+
+    def changed(self, kind: str, namespace: str, name: str) -> None:
+        """A resource changed (its status too): whatever reads from it looks again."""
+        for key in self.dependents.of(kind, namespace, name):
+            self.nudge(*key, delay=self.pacing.upstream_delay)
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        """The resource is gone: nothing more is due for it (a stale heap entry is skipped)."""
+        key = (kind, namespace, name)
+        self._known.discard(key)
+        self._due.pop(key, None)
+        self._failures.pop(key, None)
+        self._logged.ended(key)
+        self.dependents.forget(key)
+
+    def due(self, kind: str, namespace: str, name: str) -> float | None:
+        """When the resource is due next (Unix time), if at all."""
+        return self._due.get((kind, namespace, name))
+
+    async def run(self) -> None:
+        workers = [asyncio.create_task(self._work(), name=f"reconcile-{i}") for i in range(self.pacing.workers)]
+        try:
+            await self._dispatch()
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _dispatch(self) -> None:
+        """Hand each key to the workers when its time comes."""
+        while True:
+            self._wake.clear()
+            now = time.time()
+            while self._heap and self._heap[0][0] <= now:
+                when, key = heapq.heappop(self._heap)
+                if self._due.get(key) == when:  # else a stale entry: forgotten, or moved sooner
+                    del self._due[key]
+                    self._ready.put_nowait(key)
+            timeout = self._heap[0][0] - now if self._heap else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._ready.get()
+            if key in self._running:
+                self._again.add(key)
+                continue
+            self._running.add(key)
+            try:
+                await self._one(key)
+            finally:
+                self._running.discard(key)
+                self.done += 1
+            if key in self._again:
+                self._again.discard(key)
+                if key in self._known:
+                    self.at(key, time.time())
+
+    async def _one(self, key: Key) -> None:
+        kind, namespace, name = key
+        ctx = {"kind": kind, "namespace": namespace, "resource": name}
+        try:
+            again = await self._kinds[kind](namespace, name)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # logged (bounded) and retried: one bad resource must not stop the queue
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = min(self.pacing.retry_min * 2 ** (failures - 1), self.pacing.retry_max)
+            outage = isinstance(exc, Unreachable) or (isinstance(exc, ApiError) and exc.status in TRANSIENT_STATUSES)
+            message = describe(exc)
+            if self._logged.due(key, message):
+                if outage:
+                    log.warning("the Kubernetes API server did not answer; retrying", extra={**ctx, "error": message})
+                else:
+                    log.exception("reconcile failed; retrying", extra={**ctx, "retry_seconds": delay})
+            self.at(key, time.time() + delay)
+            return
+        if self._failures.pop(key, None) is not None and self._logged.ended(key):
+            log.info("reconciled again after failures", extra=ctx)
+        if again is None:
+            self.forget(kind, namespace, name)
+            return
+        if key not in self._known:  # forgotten while it ran (deleted): nothing more is due
+            return
+        now = time.time()
+        jitter = 1 + random.uniform(-self.pacing.resync_jitter, self.pacing.resync_jitter)
+        when = min(again.at, now + self.pacing.resync * jitter)
+        if again.waiting:
+            when = min(when, now + self.pacing.waiting)
+        self.at(key, when)

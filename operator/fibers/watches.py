@@ -1,0 +1,171 @@
+"""Watches of the objects the operator creates, by label, for their owners' sake.
+
+A consumer's StatefulSet, pods and checkpoint ConfigMap, a Transform's SparkApplications: a change
+to one of them is a reason to look at its owner again, and nothing else is. Each kind of child is
+watched once per namespace (or once for the cluster) with a **server-side** label selector: kopf
+filters labels on the client, so a kopf handler on pods or ConfigMaps would list and keep every pod
+or ConfigMap the operator can see (what made the Spark Operator run out of memory until 2.5.1).
+
+Nothing is cached: an event names its owner (the label's value) and is handed on. A watch runs in a
+thread of its own, as the API client is synchronous; the API server ends it every
+`kubeapi.WATCH_SECONDS` and it is opened again from the last version seen (bookmarks keep that
+version fresh), so at rest a watch costs one request per five minutes whatever the number of objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fibers.kube import describe
+from fibers.kubeapi import Api, ApiError, Unreachable, path
+from fibers.logs import Repeats
+
+log = logging.getLogger("fibers.watches")
+
+RETRY_MIN_SECONDS = 1.0  # a watch that failed (API server away, CRD missing) is tried again after this…
+RETRY_MAX_SECONDS = 60.0  # …doubling up to this
+LOG_EVERY_SECONDS = 600.0  # an unchanged failure is logged again this often (once when it starts)
+
+OnOwner = Callable[[str, str], None]  # (namespace, owner name): called in the event loop's thread
+
+
+@dataclass(frozen=True)
+class Child:
+    """A kind of object the operator creates, and the label whose value names its owner."""
+
+    api: str  # "v1", "apps/v1", "sparkoperator.k8s.io/v1beta2"
+    plural: str
+    label: str
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.api.split('/')[0] if '/' in self.api else 'core'} ({self.label})"
+
+
+class Scope:
+    """The namespaces the operator serves, as kopf was told (`fibers run -n …`; none: the cluster).
+
+    Plain names get one watch each; with a glob or an exclusion (`!name`) among them, one watch of
+    the cluster is filtered here, as kopf does.
+    """
+
+    def __init__(self, patterns: Iterable[str] = ()) -> None:
+        self.patterns = [p for p in patterns if p]
+
+    @property
+    def namespaces(self) -> list[str | None]:
+        """What to watch: each namespace, or [None] for the whole cluster."""
+        if self.patterns and not any(c in p for p in self.patterns for c in "*?[!"):
+            return list(dict.fromkeys(self.patterns))
+        return [None]
+
+    def includes(self, namespace: str) -> bool:
+        if not self.patterns:
+            return True
+        allowed = [p for p in self.patterns if not p.startswith("!")]
+        denied = [p[1:] for p in self.patterns if p.startswith("!")]
+        if any(fnmatch.fnmatchcase(namespace, p) for p in denied):
+            return False
+        return not allowed or any(fnmatch.fnmatchcase(namespace, p) for p in allowed)
+
+
+class _Expired(Exception):
+    """The version the watch started from is gone (410): list again."""
+
+
+class ChildWatch:
+    """One watch of one kind of child in one namespace (or the cluster), in a daemon thread."""
+
+    def __init__(
+        self,
+        api: Api,
+        child: Child,
+        namespace: str | None,
+        scope: Scope,
+        on_owner: OnOwner,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.api, self.child, self.namespace, self.scope = api, child, namespace, scope
+        self.on_owner, self.loop = on_owner, loop
+        self._stop = threading.Event()
+        self._failures = Repeats(LOG_EVERY_SECONDS)
+        self._thread = threading.Thread(target=self._run, name=f"watch-{child.plural}", daemon=True)
+        self.started = threading.Event()  # set once the first listing is done (tests and benchmarks wait on it)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """The thread ends at its watch's next event or end (it is a daemon: it never holds up an exit)."""
+        self._stop.set()
+
+    def _notify(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        owner, namespace = (meta.get("labels") or {}).get(self.child.label), meta.get("namespace")
+        if owner and namespace and self.scope.includes(namespace):
+            self.loop.call_soon_threadsafe(self.on_owner, namespace, owner)
+
+    def _run(self) -> None:
+        url = path(self.child.api, self.child.plural, self.namespace)
+        where = {"watch": str(self.child), "namespace": self.namespace or "*"}
+        delay, relist = RETRY_MIN_SECONDS, False
+        while not self._stop.is_set():
+            try:
+                listing = self.api.get(url, labelSelector=self.child.label)
+                version = str(listing["metadata"]["resourceVersion"])
+                if relist:  # events may have been missed meanwhile: every owner looks again
+                    for item in listing.get("items") or []:
+                        self._notify(item)
+                if self._failures.ended("watch"):
+                    log.info("watch running again", extra=where)
+                self.started.set()
+                delay, relist = RETRY_MIN_SECONDS, True
+                while not self._stop.is_set():
+                    version = self._follow(url, version)
+            except _Expired:
+                continue
+            except (ApiError, Unreachable) as exc:
+                message = describe(exc)
+                if self._failures.due("watch", message):
+                    log.warning("watch failed; retrying", extra={**where, "error": message, "retry_seconds": delay})
+                self._stop.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+    def _follow(self, url: str, version: str) -> str:
+        """One watch request, until the server ends it: the last version seen."""
+        for event in self.api.watch(url, resource_version=version, labelSelector=self.child.label):
+            if self._stop.is_set():
+                break
+            obj = event.get("object") or {}
+            if event.get("type") == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Expired
+                raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or "Error"), str(obj))
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if event.get("type") != "BOOKMARK":
+                self._notify(obj)
+        return version
+
+
+class ChildWatches:
+    """Every child watch of the operator: started together, stopped together."""
+
+    def __init__(self, api: Api, scope: Scope) -> None:
+        self.api, self.scope = api, scope
+        self.watches: list[ChildWatch] = []
+
+    def add(self, child: Child, on_owner: OnOwner) -> None:
+        loop = asyncio.get_running_loop()
+        for namespace in self.scope.namespaces:
+            watch = ChildWatch(self.api, child, namespace, self.scope, on_owner, loop)
+            self.watches.append(watch)
+            watch.start()
+
+    def stop(self) -> None:
+        for watch in self.watches:
+            watch.stop()
