@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fibers_stack import StackInfo, namespaces, platform_resources
 from fibers_stack import crds as fibers_crds
 from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
-from tests.helpers import wait_for
+from tests.helpers import Resources, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 WITHOUT_KUBERNETES = REPO / "tools" / "without-kubernetes"
@@ -173,6 +173,18 @@ def operator(
         _delete_all(op, stack_info, namespace)
     finally:
         op.stop()  # a failed clean-up must not leave this operator running into the next module
+
+
+@pytest.fixture
+def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    """This module's Transforms, with its operator running."""
+    return Resources(kube, "transforms", namespace)
+
+
+@pytest.fixture
+def consumers(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
+    """This module's DatabusConsumers, with its operator running."""
+    return Resources(kube, "databusconsumers", namespace)
 
 
 def _delete_all(op: OperatorProcess, stack: StackInfo, namespace: str) -> None:

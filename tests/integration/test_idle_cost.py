@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from fibers_stack import StackInfo, audit
 from tests.helpers import Resources, produce, wait_for
-from tests.integration.conftest import OperatorProcess
 
 IDLE = 20  # of each kind
 BUDGET_PER_RESOURCE_PER_MINUTE = 1.0
@@ -27,16 +25,6 @@ BUDGET_PER_RESOURCE_PER_MINUTE = 1.0
 @pytest.fixture(scope="module")
 def operator_env() -> dict[str, str]:
     return {"FIBERS_RESYNC_SECONDS": "3600"}
-
-
-@pytest.fixture
-def consumers(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
-    return Resources(kube, "databusconsumers", namespace)
-
-
-@pytest.fixture
-def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
-    return Resources(kube, "transforms", namespace)
 
 
 def _idle_transform(i: int) -> dict[str, Any]:

@@ -26,16 +26,6 @@ def connects(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Reso
     return Resources(kube, "connects", namespace)
 
 
-@pytest.fixture
-def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
-    return Resources(kube, "transforms", namespace)
-
-
-@pytest.fixture
-def consumers(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
-    return Resources(kube, "databusconsumers", namespace)
-
-
 def fibers_pipeline(stack_info: StackInfo, name: str, namespace: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fibers", "pipeline", name, "-n", namespace],
