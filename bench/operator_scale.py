@@ -214,7 +214,7 @@ def measure(info: StackInfo, api: client.ApiClient, n: int, args: argparse.Names
             "requests": len(found),
             "requests_per_resource_per_min": round(len(found) / (2 * n) / minutes, 3),
             "calls": dict(audit.by_call(found).most_common(6)),
-            "cpu_share": round((cpu_after - cpu_before) / (until - since).total_seconds(), 3),
+            "cpu_share": round((cpu_after - cpu_before) / (until - since).total_seconds(), 4),
             "rss_mib": round(rss, 1),
             **(reacted if args.reactions else {}),
         }

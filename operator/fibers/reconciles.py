@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from fibers import memory
 from fibers.kube import describe
 from fibers.kubeapi import ApiError, Unreachable
 from fibers.logs import Repeats
@@ -32,6 +33,7 @@ from fibers.upstream import Dependents
 log = logging.getLogger("fibers.reconciles")
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
+TRIM_SECONDS = 30.0  # while nothing is due, the dispatcher still wakes this often to give freed memory back
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,11 @@ class Reconciles:
                 if self._due.get(key) == when:  # else a stale entry: forgotten, or moved sooner
                     del self._due[key]
                     self._ready.put_nowait(key)
+            # Quiet now: the pages a burst used (a thousand resources created at once, kopf's relisting
+            # of them every few minutes) go back to the OS, so RSS follows the steady state.
+            memory.release_free_memory()
             timeout = self._heap[0][0] - now if self._heap else None
+            timeout = min(timeout, TRIM_SECONDS) if timeout is not None else TRIM_SECONDS
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
