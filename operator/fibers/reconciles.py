@@ -87,7 +87,7 @@ class Reconciles:
         self._failures: dict[Key, int] = {}
         self._logged = Repeats(self.pacing.log_every)
         self._wake = asyncio.Event()
-        self.done = 0  # reconciles finished, failed ones included (the benchmark reads it)
+        self.done = 0  # reconciles finished, failed ones included
 
     def register(self, kind: str, reconcile: Reconcile) -> None:
         self._kinds[kind] = reconcile

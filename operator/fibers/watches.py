@@ -95,7 +95,6 @@ class ChildWatch:
         self._stop = threading.Event()
         self._failures = Repeats(LOG_EVERY_SECONDS)
         self._thread = threading.Thread(target=self._run, name=f"watch-{child.plural}", daemon=True)
-        self.started = threading.Event()  # set once the first listing is done (tests and benchmarks wait on it)
 
     def start(self) -> None:
         self._thread.start()
@@ -123,7 +122,6 @@ class ChildWatch:
                         self._notify(item)
                 if self._failures.ended("watch"):
                     log.info("watch running again", extra=where)
-                self.started.set()
                 delay, relist = RETRY_MIN_SECONDS, True
                 while not self._stop.is_set():
                     version = self._follow(url, version)

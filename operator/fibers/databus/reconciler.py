@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import defaultdict
 from typing import Any
 
 from fibers import conditions, metrics, upstream
@@ -52,18 +51,16 @@ class DatabusReconciler:
         self.lineage = lineage  # {topic, bootstrapServers, namespace} of OpenLineage events, or None
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
         self.image_pull_policy = image_pull_policy
-        self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._told: set[tuple[str, str, str]] = set()  # topic changes upstream already announced (an Event each)
 
     async def reconcile(self, namespace: str, name: str) -> Again | None:
         """Look at one consumer; None when it is gone (or going: its delete handler has the rest)."""
-        async with self._locks[(namespace, name)]:
-            body = await self.kube.get_object(PLURAL, namespace, name)
-            if body is not None and not body["metadata"].get("deletionTimestamp"):
-                with metrics.reconciling(workload.KIND):
-                    return await self._reconcile(body)
-        self._locks.pop((namespace, name), None)
-        return None
+        # The queue (fibers.reconciles) never runs two reconciles of one resource at once: no lock here.
+        body = await self.kube.get_object(PLURAL, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        with metrics.reconciling(workload.KIND):
+            return await self._reconcile(body)
 
     async def _legacy(self, namespace: str, name: str) -> list[str]:
         """The per-instance Deployments of an earlier version still there (replaced by the StatefulSet)."""

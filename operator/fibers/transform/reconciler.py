@@ -9,11 +9,9 @@ instead of a second one.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import uuid
-from collections import defaultdict
 from typing import Any
 
 from fibers import metrics, upstream
@@ -48,7 +46,6 @@ class TransformReconciler:
         self.dependents = dependents or upstream.Dependents()  # what each Transform's inputs reference
         self.defaults = defaults
         self.apps = SparkApplications(kube)
-        self._locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def _upstream(self, namespace: str, view: TransformView) -> tuple[list[Upstream], str]:
         """What the inputs reference (connectRef, transformRef), read now; and a transformRef cycle, if any."""
@@ -102,13 +99,12 @@ class TransformReconciler:
 
     async def reconcile(self, namespace: str, name: str) -> Again | None:
         """Look at one Transform; None when it is gone (or going: its SparkApplications go with it)."""
-        async with self._locks[(namespace, name)]:
-            body = await self.kube.get_object(PLURAL, namespace, name)
-            if body is not None and not body["metadata"].get("deletionTimestamp"):
-                with metrics.reconciling(KIND):
-                    return await self._reconcile(TransformView(body))
-        self._locks.pop((namespace, name), None)
-        return None
+        # The queue (fibers.reconciles) never runs two reconciles of one resource at once: no lock here.
+        body = await self.kube.get_object(PLURAL, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        with metrics.reconciling(KIND):
+            return await self._reconcile(TransformView(body))
 
     async def _reconcile(self, view: TransformView) -> Again:
         namespace = view.body["metadata"]["namespace"]
