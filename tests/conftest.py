@@ -18,6 +18,7 @@ from pymongo import MongoClient
 
 import fibers_stack as stack
 from fibers_stack import StackInfo
+from fibers_stack import crds as fibers_crds
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +49,12 @@ def kube(stack_info: StackInfo) -> Iterator[ApiClient]:
     client = config.new_client_from_config(config_file=stack_info.kubeconfig)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def crds(kube: ApiClient) -> None:
+    """Install (or update) every CRD in crds/ and wait until each is served."""
+    fibers_crds.apply(kube)
 
 
 @pytest.fixture(scope="session")

@@ -285,3 +285,45 @@ def render_chart(helm: Path, namespace: str, values: dict[str, Any], tmp_path: P
     if result.returncode != 0:
         raise AssertionError(f"helm template failed:\n{result.stdout}\n{result.stderr}")
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+STATUS_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "status"
+
+# What Argo CD shows for each status fixture with the chart's health check: (health, part of the message).
+HEALTH = {
+    "connect-running": ("Healthy", "connector is RUNNING"),
+    "connect-paused": ("Suspended", "connector is PAUSED"),
+    "connect-creating": ("Progressing", "Waiting for creating connector"),
+    "connect-tasks-failed": ("Degraded", "task 0 FAILED"),
+    "connect-not-owned": ("Degraded", "was not created by this resource"),
+    "connect-unreachable": ("Progressing", "Waiting for cannot reach Kafka Connect"),
+    "connect-generation-behind": ("Progressing", "Waiting for the operator to observe generation"),
+    "connect-no-status": ("Progressing", "report a status"),
+    "connect-invalid-config": ("Degraded", "spec.config.topic: Missing required configuration"),
+    "connectcluster-ready": ("Healthy", "Kafka Connect 4.1.1 answers"),
+    "connectcluster-unreachable": ("Progressing", "cannot reach Kafka Connect"),
+    "transform-batch-succeeded": ("Healthy", "completed: 3 records"),
+    "transform-batch-running": ("Progressing", "is running"),
+    "transform-streaming-running": ("Healthy", "streaming run"),
+    "transform-streaming-ended": ("Degraded", "ended"),
+    "transform-run-failed": ("Degraded", "TABLE_OR_VIEW_NOT_FOUND"),
+    "transform-deadline": ("Degraded", "no driver after 600s"),
+    "transform-submitted": ("Progressing", "waiting for its driver"),
+    "transform-suspended": ("Suspended", "suspended"),
+    "transform-inputs-not-ready": ("Progressing", "Connect orders-src does not exist"),
+    "databusconsumer-online": ("Healthy", "consuming online"),
+    "databusconsumer-bootstrapping": ("Progressing", "BOOTSTRAP_SNAPSHOT"),
+    "databusconsumer-checkpoint-invalid": ("Degraded", "is not valid JSON"),
+    "databusconsumer-failing": ("Degraded", "an instance exited"),
+    "databusconsumer-stopped": ("Suspended", "no instance runs"),
+    "schema-registered": ("Healthy", "orders-value version 2 (id 12)"),
+    "schema-incompatible": ("Degraded", "nothing was registered"),
+    "schema-drifted": ("Degraded", "registered outside this resource"),
+    "schema-registry-unreachable": ("Progressing", "connection refused"),
+}
+
+
+def status_fixture(name: str) -> dict[str, Any]:
+    """A fibers.dev object with the status the operator writes in one situation (tests/fixtures/status)."""
+    loaded: dict[str, Any] = json.loads((STATUS_FIXTURES / f"{name}.json").read_text())
+    return loaded

@@ -3,7 +3,8 @@
 - charts/fibers/crds/*.yaml are byte-for-byte copies of crds/*.yaml (the one source of truth;
   helm does not follow symlinks reliably, so the chart carries copies);
 - charts/fibers/argocd/argocd-cm-values.yaml carries charts/fibers/argocd/health.lua once per kind,
-  as Argo CD keys health checks by group and kind.
+  as Argo CD keys health checks by group and kind, the health check for Applications (app of apps)
+  from application-health.lua, and the two settings that keep Fibers' status updates visible.
 
 Run it after editing either source:  python tools/sync_chart_crds.py
 With --check it changes nothing and exits 1 when a generated file is stale (the chart test does this).
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"
 CHART = REPO / "charts" / "fibers"
 HEALTH_LUA = CHART / "argocd" / "health.lua"
+APPLICATION_LUA = CHART / "argocd" / "application-health.lua"
 ARGOCD_VALUES = CHART / "argocd" / "argocd-cm-values.yaml"
 KINDS = ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
 
@@ -28,20 +30,36 @@ _HEADER = """\
 #
 # As values of the argo-cd Helm chart (configs.cm becomes the argocd-cm ConfigMap). With a plain
 # argocd-cm ConfigMap, put the same keys under its `data:`.
+#
+# Besides the health checks, two settings. Argo CD ignores status-only updates of every resource
+# by default (resource.customizations.ignoreResourceUpdates.all), so a new message under the same
+# health (a second error while Degraded) would show only at its next periodic refresh, up to three
+# minutes later. The `all` entry below keeps ignoring /status for every kind except fibers.dev's, and
+# resource.compareoptions stops Argo CD adding its status-ignoring diff settings to that list.
+# argoproj.io_Application lets an app of apps wait for each child Application to be Healthy.
 configs:
   cm:
+    resource.customizations.ignoreResourceUpdates.all: |
+      jqPathExpressions:
+        - select(.apiVersion | startswith("fibers.dev/") | not) | .status
+    resource.compareoptions: |
+      ignoreDifferencesOnResourceUpdates: false
 """
 
 
-def argocd_values(script: str) -> str:
-    body = "".join(f"      {line}\n" if line else "\n" for line in script.rstrip("\n").split("\n"))
-    return _HEADER + "".join(f"    resource.customizations.health.fibers.dev_{kind}: |\n{body}" for kind in KINDS)
+def _block(script: str) -> str:
+    return "".join(f"      {line}\n" if line else "\n" for line in script.rstrip("\n").split("\n"))
+
+
+def argocd_values(script: str, application: str) -> str:
+    fibers = "".join(f"    resource.customizations.health.fibers.dev_{kind}: |\n{_block(script)}" for kind in KINDS)
+    return _HEADER + fibers + f"    resource.customizations.health.argoproj.io_Application: |\n{_block(application)}"
 
 
 def expected() -> dict[Path, bytes]:
     """Every generated file and the content it should have."""
     files = {CHART / "crds" / src.name: src.read_bytes() for src in sorted(CRDS.glob("*.yaml"))}
-    files[ARGOCD_VALUES] = argocd_values(HEALTH_LUA.read_text()).encode()
+    files[ARGOCD_VALUES] = argocd_values(HEALTH_LUA.read_text(), APPLICATION_LUA.read_text()).encode()
     return files
 
 

@@ -5,6 +5,9 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || missing+=(maven)
 command -v openssl >/dev/null || missing+=(openssl)
+# git: Argo CD clones the GitOps tests' repository; patch: Argo CD's build (tools/argocd).
+command -v git >/dev/null || missing+=(git)
+command -v patch >/dev/null || missing+=(patch)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
 # The node: container runtime, CNI plugins, iptables for kube-proxy, and the image builders.
 for tool in containerd runc iptables conntrack buildah debootstrap; do
@@ -16,16 +19,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# Prometheus and promtool: the stack scrapes what the chart's monitors select, and checks its alert rules.
-# The package's service is not started (policy-rc.d): the stack starts its own Prometheus.
-if ! command -v promtool >/dev/null; then
-  echo "installing Debian packages: prometheus"
+# Packages whose services the stack starts itself, so their own must not start (policy-rc.d):
+# Prometheus and promtool (the stack scrapes what the chart's monitors select, and checks its alert
+# rules), and Redis (Argo CD's cache, for the GitOps tests).
+services=()
+command -v promtool >/dev/null || services+=(prometheus)
+command -v redis-server >/dev/null || services+=(redis-server)
+if [ ${#services[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${services[*]}"
   [ ${#missing[@]} -gt 0 ] || apt-get update -qq
   policy=/usr/sbin/policy-rc.d
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
     trap 'rm -f "$policy"' EXIT
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${services[@]}" >/dev/null
 fi
 command -v go >/dev/null || { echo "Go >= 1.25 is required to build the local stack" >&2; exit 1; }

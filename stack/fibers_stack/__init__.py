@@ -107,6 +107,23 @@ class StackInfo:
             env["FIBERS_SCHEMA_REGISTRY_URL"] = self.registry_url + apicurio.CCOMPAT
         return env
 
+    def chart_values(self, namespaces: list[str]) -> dict[str, Any]:
+        """Values for charts/fibers on this stack: the images it built (never pulled), its endpoints,
+        and the namespaces to watch. Callers add what they turn on."""
+
+        def image(ref: str) -> dict[str, str]:
+            repository, _, tag = ref.rpartition(":")
+            return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+
+        return {
+            "image": image(self.images["operator"]),
+            "watch": {"namespaces": namespaces},
+            "connect": {"url": self.connect_url},
+            "schemaRegistry": {"url": self.registry_url + apicurio.CCOMPAT},
+            "kafka": {"bootstrap": self.kafka_bootstrap},
+            "jobs": {"image": image(self.images["job"])},
+        }
+
     def dead(self) -> list[str]:
         return [name for name, pid in self.pids.items() if not process.alive(pid)]
 
@@ -145,7 +162,8 @@ def up() -> StackInfo:
         log.warning("stopping a stack that was not recorded", extra={"processes": sorted(orphans.pids)})
         _stop_all(orphans)
     # Builds happen here, once, before any server starts; the images last (they need the binaries).
-    fetch.fetch_all([name for name in fetch.COMPONENTS if name != "images"])
+    # Argo CD is built by `fibers-stack fetch` (make test) or when a test first starts it, not here.
+    fetch.fetch_all([name for name in fetch.COMPONENTS if name not in ("images", "argocd")])
     built = images.build_all()
 
     root = run_dir()

@@ -235,31 +235,14 @@ def _install(api: client.ApiClient, info: StackInfo) -> None:
 
 def _install_operator(info: StackInfo) -> None:
     """`helm install charts/fibers`, as the README says, with the images this stack built."""
-    values = {
-        "image": {
-            "repository": _repository(info.images["operator"]),
-            "tag": _tag(info.images["operator"]),
-            "pullPolicy": "Never",
-        },
-        "watch": {"namespaces": [NAMESPACE]},
-        "connect": {"url": info.connect_url},
-        "schemaRegistry": {"url": info.registry_url + CCOMPAT},
-        "lineage": {"topic": LINEAGE_TOPIC},
-        "kafka": {"bootstrap": info.kafka_bootstrap},
-        # The stack serves the Prometheus Operator's CRDs, and its Prometheus scrapes what they select.
-        "metrics": {
-            "serviceMonitor": {"enabled": True, "interval": "5s"},
-            "podMonitor": {"enabled": True, "interval": "5s"},
-            "grafanaDashboards": {"enabled": True},
-            "prometheusRule": {"enabled": True},
-        },
-        "jobs": {
-            "image": {
-                "repository": _repository(info.images["job"]),
-                "tag": _tag(info.images["job"]),
-                "pullPolicy": "Never",
-            }
-        },
+    values = info.chart_values([NAMESPACE])
+    values["lineage"] = {"topic": LINEAGE_TOPIC}
+    # The stack serves the Prometheus Operator's CRDs, and its Prometheus scrapes what they select.
+    values["metrics"] = {
+        "serviceMonitor": {"enabled": True, "interval": "5s"},
+        "podMonitor": {"enabled": True, "interval": "5s"},
+        "grafanaDashboards": {"enabled": True},
+        "prometheusRule": {"enabled": True},
     }
     values_file = Path(info.run_dir) / "demo-values.json"
     values_file.write_text(json.dumps(values, indent=2))
@@ -278,14 +261,6 @@ def _install_operator(info: StackInfo) -> None:
         "--timeout",
         "3m",
     )
-
-
-def _repository(image: str) -> str:
-    return image.rpartition(":")[0]
-
-
-def _tag(image: str) -> str:
-    return image.rpartition(":")[2]
 
 
 def _apply(api: client.ApiClient, path: Path) -> str:

@@ -115,6 +115,21 @@ def helm_bin() -> Path:
     return cache_dir() / "bin" / f"helm-{helm_version()}-{recipe_hash('helm')}" / "helm"
 
 
+def argocd_version() -> str:
+    """Argo CD is for the GitOps tests and demo only, so like helm it stays out of Versions and Artifacts."""
+    return _go_require(tools_dir() / "argocd" / "go.mod", "github.com/argoproj/argo-cd/v3")
+
+
+def argocd_bin() -> Path:
+    """Argo CD's one binary: it is the application-controller or the repo-server by the name it runs as."""
+    return cache_dir() / "bin" / f"argocd-{argocd_version()}-{recipe_hash('argocd')}" / "argocd"
+
+
+def argocd_module() -> Path:
+    """Argo CD's module as downloaded: its CRDs and default argocd-cm (manifests/) come from here."""
+    return go_module_dir("github.com/argoproj/argo-cd/v3", argocd_version())
+
+
 def artifacts() -> Artifacts:
     v, c = versions(), cache_dir()
     return Artifacts(

@@ -24,18 +24,11 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from fibers_stack import StackInfo, namespaces, platform_resources
-from fibers_stack import crds as fibers_crds
 from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
 from tests.helpers import Resources, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 WITHOUT_KUBERNETES = REPO / "tools" / "without-kubernetes"
-
-
-@pytest.fixture(scope="session")
-def crds(kube: ApiClient) -> None:
-    """Install (or update) every CRD in crds/ and wait until each is served."""
-    fibers_crds.apply(kube)
 
 
 STACK_CLUSTER = "stack"  # the ConnectCluster of the stack's Kafka Connect: the test operators' default

@@ -39,12 +39,21 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find
 from fibers_stack import StackInfo, fetch
-from tests.helpers import CHART, Resources, produce, read_topic, render_chart, wait_for
+from tests.helpers import (
+    CHART,
+    HEALTH,
+    STATUS_FIXTURES,
+    Resources,
+    produce,
+    read_topic,
+    render_chart,
+    status_fixture,
+    wait_for,
+)
 
 pytestmark = pytest.mark.chart
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures" / "status"
 HEALTH_LUA = CHART / "argocd" / "health.lua"
 
 
@@ -233,9 +242,20 @@ def test_chart_crds_are_the_crds_directory() -> None:
 def test_argocd_snippet_carries_the_health_check_for_each_kind() -> None:
     snippet = yaml.safe_load((CHART / "argocd" / "argocd-cm-values.yaml").read_text())["configs"]["cm"]
     script = HEALTH_LUA.read_text()
-    assert snippet == {
-        f"resource.customizations.health.fibers.dev_{k}": script
-        for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
+    health = {key: value for key, value in snippet.items() if key.startswith("resource.customizations.health.")}
+    assert health == {
+        **{
+            f"resource.customizations.health.fibers.dev_{k}": script
+            for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
+        },
+        "resource.customizations.health.argoproj.io_Application": (
+            CHART / "argocd" / "application-health.lua"
+        ).read_text(),
+    }
+    # What the real Argo CD makes of the rest is tested in test_argocd.py.
+    assert set(snippet) - set(health) == {
+        "resource.customizations.ignoreResourceUpdates.all",
+        "resource.compareoptions",
     }
 
 
@@ -290,60 +310,21 @@ def argocd_health(obj: dict[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in result.items()}
 
 
-HEALTH = {
-    "connect-running": ("Healthy", "connector is RUNNING"),
-    "connect-paused": ("Suspended", "connector is PAUSED"),
-    "connect-creating": ("Progressing", "Waiting for creating connector"),
-    "connect-tasks-failed": ("Degraded", "task 0 FAILED"),
-    "connect-not-owned": ("Degraded", "was not created by this resource"),
-    "connect-unreachable": ("Progressing", "Waiting for cannot reach Kafka Connect"),
-    "connect-generation-behind": ("Progressing", "observe generation 4"),
-    "connect-deleting": ("Progressing", "Being deleted"),
-    "connect-no-status": ("Progressing", "report a status"),
-    "connect-invalid-config": ("Degraded", "spec.config.topic: Missing required configuration"),
-    "connectcluster-ready": ("Healthy", "Kafka Connect 4.1.1 answers"),
-    "connectcluster-unreachable": ("Progressing", "cannot reach Kafka Connect"),
-    "transform-batch-succeeded": ("Healthy", "completed: 3 records"),
-    "transform-batch-running": ("Progressing", "is running"),
-    "transform-streaming-running": ("Healthy", "streaming run"),
-    "transform-streaming-ended": ("Degraded", "ended"),
-    "transform-run-failed": ("Degraded", "TABLE_OR_VIEW_NOT_FOUND"),
-    "transform-deadline": ("Degraded", "no driver after 600s"),
-    "transform-submitted": ("Progressing", "waiting for its driver"),
-    "transform-suspended": ("Suspended", "suspended"),
-    "transform-inputs-not-ready": ("Progressing", "Connect orders-src does not exist"),
-    "databusconsumer-online": ("Healthy", "consuming online"),
-    "databusconsumer-bootstrapping": ("Progressing", "BOOTSTRAP_SNAPSHOT"),
-    "databusconsumer-checkpoint-invalid": ("Degraded", "is not valid JSON"),
-    "databusconsumer-failing": ("Degraded", "an instance exited"),
-    "databusconsumer-stopped": ("Suspended", "no instance runs"),
-    "schema-registered": ("Healthy", "orders-value version 2 (id 12)"),
-    "schema-incompatible": ("Degraded", "nothing was registered"),
-    "schema-drifted": ("Degraded", "registered outside this resource"),
-    "schema-registry-unreachable": ("Progressing", "connection refused"),
-}
-
-
-def fixture(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
-    return loaded
-
-
 def test_every_status_fixture_has_an_expected_health() -> None:
-    assert {p.stem for p in FIXTURES.glob("*.json")} == set(HEALTH)
+    assert {p.stem for p in STATUS_FIXTURES.glob("*.json")} == set(HEALTH)
 
 
 @pytest.mark.parametrize("name", sorted(HEALTH))
 def test_argocd_health(name: str) -> None:
     status, fragment = HEALTH[name]
-    health = argocd_health(fixture(name))
+    health = argocd_health(status_fixture(name))
     assert health["status"] == status, health
     assert fragment in health["message"], health
 
 
 def test_argocd_health_finished_batch_transform_without_ready_is_healthy() -> None:
     """A batch run that finished is done even when Ready is missing (e.g. written by an older operator)."""
-    obj = fixture("transform-batch-succeeded")
+    obj = status_fixture("transform-batch-succeeded")
     obj["status"]["conditions"] = [c for c in obj["status"]["conditions"] if c["type"] != "Ready"]
     assert argocd_health(obj)["status"] == "Healthy"
     obj["spec"]["mode"] = "streaming"
@@ -360,7 +341,7 @@ def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
         "Schema": "schemas",
     }
     for name in sorted(HEALTH):
-        obj = fixture(name)
+        obj = status_fixture(name)
         if "status" not in obj:
             continue
         body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": {"name": name}, "spec": obj["spec"]}
@@ -443,18 +424,9 @@ def release(
     home = tmp_path_factory.mktemp("chart")
     release_ns = new_namespace(kube, "fibers-system")
     name = f"fibers-{uuid.uuid4().hex[:5]}"
-    operator_image, job_image = stack_info.images["operator"].rpartition(":"), stack_info.images["job"].rpartition(":")
-    values = {
-        "image": {"repository": operator_image[0], "tag": operator_image[2], "pullPolicy": "Never"},
-        "watch": {"namespaces": [namespace]},
-        "connect": {"url": stack_info.connect_url, "syncIntervalSeconds": 2},
-        "schemaRegistry": {"url": stack_info.registry_url + "/apis/ccompat/v7"},
-        "kafka": {"bootstrap": stack_info.kafka_bootstrap},
-        "jobs": {
-            "image": {"repository": job_image[0], "tag": job_image[2], "pullPolicy": "Never"},
-            "serviceAccount": {"create": False},  # the test namespace has it already (same template)
-        },
-    }
+    values = stack_info.chart_values([namespace])
+    values["connect"]["syncIntervalSeconds"] = 2
+    values["jobs"]["serviceAccount"] = {"create": False}  # the test namespace has it already (same template)
     (home / "values.json").write_text(json.dumps(values))
     base = [helm, "--kubeconfig", stack_info.kubeconfig, "--namespace", release_ns]
     started = time.monotonic()

@@ -534,3 +534,37 @@ def test_lineage_reaches_the_job_only_when_the_operator_has_a_topic() -> None:
         "job": "shop.transform.orders-report",
         "runId": "u-1",
     }
+
+
+def test_a_run_no_spark_operator_takes_up_is_stalled_naming_the_namespace() -> None:
+    """A SparkApplication in a namespace the Spark Operator does not watch never gets a status at all."""
+    view = TransformView(transform())
+    untouched = {"metadata": build()["metadata"]}  # no status: nobody took it up
+    current = {"name": "orders-report-1a2b3c4d", "submittedAt": format_time(NOW - timedelta(seconds=30))}
+    soon = ready(runs.report(view, runs.mirror_run(current, untouched, {}), NOW))
+    assert (soon["status"], soon["reason"]) == ("False", "Submitted")  # it may just be slow
+    current["submittedAt"] = format_time(NOW - runs.UNTOUCHED_AFTER - timedelta(seconds=1))
+    status = runs.report(view, runs.mirror_run(current, untouched, {}), NOW)
+    cond, stalled = ready(status), next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert (cond["status"], cond["reason"], stalled["status"]) == ("False", runs.NOT_TAKEN_UP, "True")
+    assert f"namespace {view.body['metadata']['namespace']}" in cond["message"]
+    assert "spark.jobNamespaces" in cond["message"]
+    # Taken up at last (a SUBMITTED state): back to waiting for the driver.
+    taken = app_with("SUBMITTED")
+    assert ready(runs.report(view, runs.mirror_run(current, taken, {}), NOW))["reason"] == "Submitted"
+
+
+def test_no_spark_operator_in_the_cluster_is_stalled_whatever_the_last_run_did() -> None:
+    view = TransformView(transform())
+    status = runs.report(view, {}, NOW, no_spark_operator="the cluster does not serve sparkapplications")
+    cond = ready(status)
+    assert (cond["status"], cond["reason"]) == ("False", runs.NO_SPARK_OPERATOR)
+    assert "sparkapplications" in cond["message"]
+
+
+def test_a_transform_looks_again_when_its_run_would_count_as_untouched() -> None:
+    view = TransformView(transform())
+    app = {"metadata": {**build()["metadata"], "creationTimestamp": format_time(NOW)}}
+    view.body["status"] = {"currentRun": {"name": app["metadata"]["name"], "submittedAt": format_time(NOW)}}
+    due = runs.next_look(view, [app], NOW)
+    assert due is not None and timedelta(0) < due - (NOW + runs.UNTOUCHED_AFTER) < timedelta(seconds=1)

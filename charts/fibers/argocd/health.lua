@@ -30,10 +30,9 @@ local function condition(conditions, kind)
   return nil
 end
 
+-- No deletion branch: Argo CD reports "Pending deletion" itself for anything being deleted, and
+-- never runs a health check on it.
 local meta = obj.metadata or {}
-if meta.deletionTimestamp ~= nil then
-  return result("Progressing", "Being deleted: waiting for the operator to clean up")
-end
 
 local status = obj.status
 if status == nil then

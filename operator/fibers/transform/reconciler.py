@@ -18,6 +18,7 @@ from fibers import metrics, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
 from fibers.conditions import format_time, parse_time, utcnow
 from fibers.kube import Kube
+from fibers.kubeapi import ApiError
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
@@ -109,7 +110,19 @@ class TransformReconciler:
     async def _reconcile(self, view: TransformView) -> Again:
         namespace = view.body["metadata"]["namespace"]
         ctx = {"namespace": namespace, "resource": view.name}
-        apps = await self.apps.list_for(namespace, view.name)
+        try:
+            apps = await self.apps.list_for(namespace, view.name)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            # No SparkApplication CRD: nothing can run. Say so, and look again now and then (a
+            # CRD being installed sends no event we watch).
+            message = (
+                f"the cluster does not serve {sparkapp.PLURAL}.{sparkapp.GROUP} (no Spark Operator "
+                "is installed): install the Kubeflow Spark Operator to run Transforms"
+            )
+            await self._publish(view, runs.report(view, dict(view.current), utcnow(), no_spark_operator=message), ctx)
+            return Again(at=math.inf, waiting=True)
         paused = (view.body["metadata"].get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
         now = utcnow()
         # A spec that cannot run starts nothing and stops nothing: a run already going keeps going.

@@ -34,6 +34,13 @@ SUSPENDED = "SUSPENDED"  # recorded in currentRun.applicationState when suspend 
 DEADLINE = "SubmissionDeadlineExceeded"
 INVALID = "InvalidSpec"  # the reason when the spec passes admission but cannot run
 NEW = "NEW"  # recorded while the SparkApplication has no state yet (the Spark Operator has not taken it up)
+# No Spark Operator to run what we create: the reasons Ready says so with (Stalled: waiting will not help).
+NO_SPARK_OPERATOR = "SparkOperatorMissing"  # the cluster does not serve SparkApplications at all
+NOT_TAKEN_UP = "SparkOperatorNotWatching"  # a SparkApplication nobody has touched after UNTOUCHED_AFTER
+# The Spark Operator gives a SparkApplication a state within a second or two of its creation in a
+# namespace it watches; one with no state after this long is in a namespace it does not watch (or
+# no Spark Operator runs). Long enough for a Spark Operator being restarted or upgraded.
+UNTOUCHED_AFTER = timedelta(seconds=60)
 MESSAGE_LIMIT = 2048
 
 
@@ -180,9 +187,10 @@ def next_look(view: TransformView, apps: list[dict[str, Any]], now: datetime) ->
     app = next((a for a in apps if a["metadata"]["name"] == current.get("name")), None)
     acted_on = current.get("applicationState") in (SUSPENDED, DEADLINE)
     if app is not None and not acted_on and not finished(app) and state_of(app) in WAITING_FOR_DRIVER:
-        deadline = _waiting_since(view, app) + timedelta(seconds=_deadline_seconds(view), milliseconds=100)
-        if deadline > now:
-            times.append(deadline)
+        since = _waiting_since(view, app)
+        deadline = since + timedelta(seconds=_deadline_seconds(view), milliseconds=100)
+        untouched = since + UNTOUCHED_AFTER + timedelta(milliseconds=100)
+        times += [t for t in (deadline, untouched if not state_of(app) else None) if t is not None and t > now]
     return min(times) if times else None
 
 
@@ -281,9 +289,13 @@ def report(
     *,
     waiting: str = "",
     invalid: str = "",
+    no_spark_operator: str = "",
     upstream: Condition | None = None,
 ) -> dict[str, Any]:
-    """The Transform's status from its current run (and UpstreamReady, when given)."""
+    """The Transform's status from its current run (and UpstreamReady, when given).
+
+    `no_spark_operator` says why no SparkApplication can be run (the CRD is not served).
+    """
     status = {k: v for k, v in view.status.items() if k in ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce")}
     generation = int(view.body["metadata"].get("generation", 0))
     state = run.get("applicationState", "")
@@ -291,7 +303,9 @@ def report(
         status["currentRun"] = run
     if state in FINISHED_OK:
         status["lastSuccessfulRun"] = run["name"]
-    conds, phase = _conditions(view, run, state, waiting)
+    conds, phase = _conditions(view, run, state, waiting, now)
+    if no_spark_operator:
+        conds, phase = conditions.stalled(NO_SPARK_OPERATOR, no_spark_operator), "Pending"
     if invalid:  # the spec cannot run: say so, whatever the last run did
         conds, phase = conditions.stalled(INVALID, invalid), "Failed"
     if upstream is not None:
@@ -304,7 +318,9 @@ def report(
     return status
 
 
-def _conditions(view: TransformView, run: dict[str, Any], state: str, waiting: str) -> tuple[list[Condition], str]:
+def _conditions(
+    view: TransformView, run: dict[str, Any], state: str, waiting: str, now: datetime
+) -> tuple[list[Condition], str]:
     def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
         return [
             Condition(READY, ready, reason, message),
@@ -344,6 +360,15 @@ def _conditions(view: TransformView, run: dict[str, Any], state: str, waiting: s
         if view.streaming:
             return cond(True, False, False, "Running", f"streaming run {name} is running{executors}"), "Running"
         return cond(False, True, False, "Running", f"run {name} is running{executors}"), "Running"
+    submitted = run.get("submittedAt")
+    if state == NEW and submitted and now - parse_time(submitted) > UNTOUCHED_AFTER:
+        namespace = view.body["metadata"].get("namespace", "")
+        message = (
+            f"run {name}: no Spark Operator has taken up SparkApplication {name} in "
+            f"{int(UNTOUCHED_AFTER.total_seconds())}s; is namespace {namespace} one of its job namespaces "
+            "(the Spark Operator chart's spark.jobNamespaces)?"
+        )
+        return cond(False, False, True, NOT_TAKEN_UP, message), "Pending"
     pending = {
         NEW: f"run {name} created, waiting for the Spark Operator to submit it",
         "PENDING_RERUN": f"run {name} failed and is submitted again (attempt {int(run.get('attempts', 0)) + 1})",
