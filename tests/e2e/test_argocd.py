@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import shutil
 import subprocess
 import threading
@@ -36,6 +37,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+import fibers_stack
 from fibers_stack import StackInfo, argocd, spark_operator
 from fibers_stack.layout import REPO_ROOT
 from tests.helpers import HEALTH, status_fixture, wait_for
@@ -370,6 +372,17 @@ def _uninstall(ops: GitOps, kube: ApiClient) -> None:
 
 
 # ----- the tests, in order ---------------------------------------------------------------------------
+
+
+def test_argocd_listens_on_loopback_only(argo: Argo, stack_info: StackInfo) -> None:
+    """The controller's metrics port is on every interface in Argo CD's code: the stack's build patches it."""
+    current = fibers_stack.current()
+    assert current is not None
+    pids = {str(current.pids[name]) for name in argocd.PROCESSES}
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    ours = [line.split() for line in listening if any(f"pid={pid}," in line for pid in pids)]
+    assert {f"pid={pid}," for pid in pids} <= {part for line in ours for part in re.findall(r"pid=\d+,", line[-1])}
+    assert len(ours) >= 4 and all(fields[3].startswith("127.0.0.1:") for fields in ours), ours
 
 
 # Status changes that keep the health but change its message: with Argo CD's defaults these showed only
