@@ -60,10 +60,12 @@ class Pacing:
     # ~0.5 requests per resource per minute (issue 23's budget is 1).
     resync: float = 600.0
     resync_jitter: float = 0.1  # ±10 %: resources created together do not come due together
-    # A child's change is looked at after this long: a consumer checkpointing every second, or a
-    # StatefulSet's pods starting one by one, is one reconcile, not one per event.
+    # Child events bring at most one reconcile of their owner per this long: a consumer checkpointing
+    # every second, or a StatefulSet's pods starting one by one, is one reconcile, not one per event.
+    # A change after a quiet spell is looked at at once (a run's driver ending is reported in
+    # milliseconds, not after this delay); those that follow within it wait for its end, together.
     child_delay: float = 1.0
-    # A resource that changed is looked at by what reads from it (a sourceRef, a transformRef) after this.
+    # The same, for a resource that changed and what reads from it (a sourceRef, a transformRef).
     upstream_delay: float = 0.5
     # A resource waiting for something that sends no event is looked at again this often.
     waiting: float = 30.0
@@ -85,6 +87,7 @@ class Reconciles:
         self._running: set[Key] = set()
         self._again: set[Key] = set()  # came due while running: looked at once more when it ends
         self._failures: dict[Key, int] = {}
+        self._started: dict[Key, float] = {}  # when each known resource's last reconcile started
         self._logged = Repeats(self.pacing.log_every)
         self._wake = asyncio.Event()
         self.done = 0  # reconciles finished, failed ones included
@@ -100,13 +103,16 @@ class Reconciles:
         self.at((kind, namespace, name), time.time() + delay)
 
     def nudge(self, kind: str, namespace: str, name: str, delay: float) -> None:
-        """`soon`, for a resource kopf has handed over (a child's event about any other is dropped).
+        """Look at a resource kopf has handed over (a child's event about any other is dropped) now, or,
+        when it was looked at less than `delay` ago, `delay` after that look: at most one look per
+        `delay` from these events, and none of them left waiting when it arrives after a quiet spell.
 
         A standby operator (kopf peering) gets no kopf handler calls until it is the active one, so it
         knows no resource and acts on none; the active one knows each from its resume or create handler.
         """
-        if (kind, namespace, name) in self._known:
-            self.at((kind, namespace, name), time.time() + delay)
+        key = (kind, namespace, name)
+        if key in self._known:
+            self.at(key, max(time.time(), self._started.get(key, -math.inf) + delay))
 
     def at(self, key: Key, when: float) -> None:
         current = self._due.get(key)
@@ -128,6 +134,7 @@ class Reconciles:
         self._known.discard(key)
         self._due.pop(key, None)
         self._failures.pop(key, None)
+        self._started.pop(key, None)
         self._logged.ended(key)
         self.dependents.forget(key)
 
@@ -169,6 +176,8 @@ class Reconciles:
                 self._again.add(key)
                 continue
             self._running.add(key)
+            if key in self._known:
+                self._started[key] = time.time()
             try:
                 await self._one(key)
             finally:

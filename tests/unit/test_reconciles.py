@@ -221,3 +221,35 @@ def test_no_kind_has_a_timer_per_object() -> None:
     assert "schemas" in timed  # the check sees timers (Schemas keep theirs: it calls the registry only when due)
     assert not timed & {"databusconsumers", "transforms"}
     assert math.isinf(Again().at)
+
+
+def test_a_childs_change_after_a_quiet_spell_is_looked_at_at_once_and_a_burst_after_it_once() -> None:
+    starts: list[float] = []
+
+    async def reconcile(namespace: str, name: str) -> Again | None:
+        starts.append(time.monotonic())
+        return Again()
+
+    async def body() -> None:
+        queue = Reconciles(Pacing(child_delay=0.5, resync=3600))
+        queue.register("Transform", reconcile)
+
+        async def scenario() -> None:
+            queue.soon("Transform", "ns", "t")
+            await _until(lambda: len(starts) == 1)
+            await asyncio.sleep(0.6)  # quiet for longer than child_delay
+            nudged = time.monotonic()
+            queue.nudge("Transform", "ns", "t", delay=0.5)  # e.g. the run's driver ended
+            await _until(lambda: len(starts) == 2)
+            assert starts[1] - nudged < 0.2  # at once, not child_delay later
+            for _ in range(20):  # then a burst: its pods going one by one
+                queue.nudge("Transform", "ns", "t", delay=0.5)
+                await asyncio.sleep(0.01)
+            await _until(lambda: len(starts) == 3)
+            assert starts[2] - starts[1] >= 0.49  # one look for the burst, child_delay after the last
+            await asyncio.sleep(0.7)
+            assert len(starts) == 3
+
+        await _running(queue, scenario)
+
+    asyncio.run(body())
