@@ -174,15 +174,19 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.reconciles_task = asyncio.create_task(reconciles.run(), name="reconciles")
     # The children each kind creates, watched by label: a change is a reason to look at their owner.
     memo.watches = ChildWatches(kube.api, Scope(os.environ.get(NAMESPACES_ENV, "").split(",")))
-    for kind, children in ((DATABUS_KIND, DATABUS_CHILDREN), (TRANSFORM_KIND, TRANSFORM_CHILDREN)):
+    pacing = reconciles.pacing
+    for kind, children, delay in (
+        (DATABUS_KIND, DATABUS_CHILDREN, pacing.child_delay),
+        (TRANSFORM_KIND, TRANSFORM_CHILDREN, pacing.run_delay),
+    ):
         for child in children:
-            memo.watches.add(child, _owner_changed(reconciles, kind))
+            memo.watches.add(child, _owner_changed(reconciles, kind, delay))
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
 
 
-def _owner_changed(reconciles: Reconciles, kind: str) -> Callable[[str, str], None]:
+def _owner_changed(reconciles: Reconciles, kind: str, delay: float) -> Callable[[str, str], None]:
     def changed(namespace: str, owner: str) -> None:
-        reconciles.nudge(kind, namespace, owner, reconciles.pacing.child_delay)
+        reconciles.nudge(kind, namespace, owner, delay)
 
     return changed
 

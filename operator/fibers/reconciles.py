@@ -65,6 +65,9 @@ class Pacing:
     # A change after a quiet spell is looked at at once (a run's driver ending is reported in
     # milliseconds, not after this delay); those that follow within it wait for its end, together.
     child_delay: float = 1.0
+    # The same for a Transform's SparkApplications: a run changes state a handful of times (submitted,
+    # running, succeeding, completed) and each is worth reporting soon, so they are hardly held back.
+    run_delay: float = 0.2
     # The same, for a resource that changed and what reads from it (a sourceRef, a transformRef).
     upstream_delay: float = 0.5
     # A resource waiting for something that sends no event is looked at again this often.

@@ -336,14 +336,21 @@ def test_connector_name_cannot_change(connects: Resources, source_file: Path, un
 
 
 def test_connect_down_is_reported_and_recovered(
-    connects: Resources, connect_http: httpx.Client, source_file: Path, unique: str, stack_info: StackInfo
+    connects: Resources,
+    connect_http: httpx.Client,
+    source_file: Path,
+    unique: str,
+    stack_info: StackInfo,
+    operator: OperatorProcess,
 ) -> None:
-    """Also: a resource deleted while Connect is down stays until its connector could be deleted."""
+    """Also: a resource deleted while Connect is down stays until its connector could be deleted, and the
+    outage is logged once, not at every poll of every resource."""
     doomed = f"{unique}-doomed"
     for name in (unique, doomed):
         connects.create(name, source_spec(source_file, name))
     for name in (unique, doomed):
         connects.wait_condition(name, "True")
+    logged_before = operator.log().count("Kafka Connect unreachable")
     stack.stop_component("kafka-connect")
     try:
         cond = connects.wait_condition(unique, "False", "ConnectUnreachable", timeout=60)
@@ -352,6 +359,9 @@ def test_connect_down_is_reported_and_recovered(
         connects.delete(doomed)
         connects.wait_event(doomed, "DeleteFailed", timeout=60)
         assert connects.exists(doomed)  # held by the finalizer: deleting it now would orphan the connector
+        time.sleep(5)  # ten more polls at this operator's 0.5 s
+        # One line when the outage starts (another if its error changes), not one per poll and resource.
+        assert 1 <= operator.log().count("Kafka Connect unreachable") - logged_before <= 2
     finally:
         stack.start_component(
             "kafka-connect", lambda: httpx.get(f"{stack_info.connect_url}/connectors", timeout=2).status_code == 200
