@@ -14,7 +14,6 @@ longer exists (it is forgotten).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 import math
@@ -29,6 +28,7 @@ from fibers.kubeapi import ApiError, Unreachable
 from fibers.logs import Repeats
 from fibers.outages import TRANSIENT_STATUSES
 from fibers.upstream import Dependents
+from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.reconciles")
 
@@ -169,8 +169,7 @@ class Reconciles:
             memory.release_free_memory()
             timeout = self._heap[0][0] - now if self._heap else None
             timeout = min(timeout, TRIM_SECONDS) if timeout is not None else TRIM_SECONDS
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await sleep_until_woken(self._wake, timeout)
 
     async def _work(self) -> None:
         while True:

@@ -63,27 +63,49 @@ def test_a_burst_of_changes_is_one_reconcile_and_the_resource_asks_for_its_next_
 def test_one_resource_is_never_reconciled_twice_at_once_and_a_change_meanwhile_is_not_lost() -> None:
     active, most, calls = 0, 0, 0
 
-    async def reconcile(namespace: str, name: str) -> Again | None:
-        nonlocal active, most, calls
-        active += 1
-        most = max(most, active)
-        calls += 1
-        await asyncio.sleep(0.1)
-        active -= 1
-        return Again()
-
     async def body() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def reconcile(namespace: str, name: str) -> Again | None:
+            nonlocal active, most, calls
+            active += 1
+            most = max(most, active)
+            calls += 1
+            started.set()
+            await release.wait()  # held until the change below has arrived (no race with a clock)
+            active -= 1
+            return Again()
+
         queue = Reconciles(FAST)
         queue.register("DatabusConsumer", reconcile)
 
         async def scenario() -> None:
             queue.soon("DatabusConsumer", "ns", "c")
-            await _until(lambda: active == 1)
+            await asyncio.wait_for(started.wait(), 5)
             queue.soon("DatabusConsumer", "ns", "c")  # changed while being looked at
+            await asyncio.sleep(0.1)  # the queue has handed it to a worker, which saw it running
+            assert calls == 1
+            release.set()
             await _until(lambda: calls == 2 and active == 0)
 
         await _running(queue, scenario)
         assert most == 1
+
+    asyncio.run(body())
+
+
+def test_a_cancelled_queue_ends_even_when_woken_at_that_moment() -> None:
+    """asyncio.wait_for could swallow a cancellation arriving with the wake-up (before Python 3.12)."""
+
+    async def body() -> None:
+        queue = Reconciles(FAST)
+        queue.register("Transform", lambda namespace, name: asyncio.sleep(0, Again()))
+        for _ in range(200):
+            task = asyncio.create_task(queue.run())
+            await asyncio.sleep(0)
+            queue.soon("Transform", "ns", "t")  # sets the queue's wake-up
+            task.cancel()
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 2)
 
     asyncio.run(body())
 

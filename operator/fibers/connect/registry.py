@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import ssl
 import time
@@ -28,6 +27,7 @@ from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.kube import Kube, SecretMissing, describe
 from fibers.redact import redact
+from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.connect.clusters")
 PROBED = ("version", "commit", "kafkaClusterId", "plugins", "pluginCount", "pluginsReadTime")  # kept while unreachable
@@ -204,8 +204,7 @@ class ConnectClusters:
             waits = [k.due - time.monotonic() for k in self.known.values()]
             timeout = max(self.policy.probe_floor, min(waits, default=self.settings.refresh))
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            await sleep_until_woken(self._wake, timeout)
 
     async def _probe(self, known: Known) -> None:
         """Ask the cluster what it is and what it has (when the last answer is old), and write the status."""

@@ -49,6 +49,7 @@ from fibers.kube import Kube, SecretMissing, additions, describe
 from fibers.kubeapi import ApiError
 from fibers.logs import Repeats
 from fibers.redact import redact, truncate
+from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.connect")
 # Ready reasons of a new resource's progress, whose status writes are spaced (`ConnectPolicy.startup_status_every`).
@@ -368,11 +369,8 @@ class ConnectSync:
         waits = [0.0 if c in self._nudged else self._last_sync.get(c, 0) + self._interval(c) - now for c in groups]
         timeout = max(self.policy.tick_floor, min(waits, default=self.settings.interval))
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+        if await sleep_until_woken(self._wake, timeout):
             await asyncio.sleep(self.policy.burst_gather)  # coalesce bursts of applies into one sync
-        except TimeoutError:
-            pass
 
     def _start_deletions(self) -> None:
         """Each resource marked for deletion gets one deletion task, which retries until it is done."""

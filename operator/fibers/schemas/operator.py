@@ -29,6 +29,7 @@ from fibers.schemas.spec import (
     parse_registry,
     parse_schema,
 )
+from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.schemas")
 
@@ -168,8 +169,7 @@ class SchemaOperator:
                         log.warning("SchemaRegistry probe failed: %s", describe(exc), extra={"registry": name})
             self._wake.clear()
             wait = min((d - time.monotonic() for d in self._due.values()), default=self.settings.registry_probe)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.5, wait))
+            await sleep_until_woken(self._wake, max(0.5, wait))
 
     async def probe_registry(self, registry: RegistrySpec, body: dict[str, Any]) -> None:
         """Ready when the registry's API answers; how many subjects it serves."""
