@@ -32,6 +32,7 @@ class RecordingKube:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.patches: list[list[dict[str, Any]]] = []
         self.released: list[str] = []
+        self.unannotated: list[tuple[str, tuple[str, ...]]] = []
         self.secret_reads = 0
 
     async def replace_status(
@@ -45,6 +46,9 @@ class RecordingKube:
 
     async def remove_finalizer(self, plural: str, namespace: str, name: str, finalizer: str) -> None:
         self.released.append(name)
+
+    async def remove_annotation(self, plural: str, namespace: str, name: str, *annotations: str) -> None:
+        self.unannotated.append((name, annotations))
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         self.secret_reads += 1
@@ -62,9 +66,18 @@ class LaggingConnect:
         self.deletes: list[str] = []
         self.validations = 0
         self.refuse: dict[str, list[str]] = {}  # config key -> Connect's errors for it (an invalid config)
+        self.taken: dict[str, dict[str, str]] = {}  # connectors that exist but are not listed yet: their configs
+        self.listing: dict[str, ConnectorView] = {}
+        self.puts: list[str] = []
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
-        return {}
+        return dict(self.listing)
+
+    async def config(self, name: str) -> dict[str, str]:
+        return dict(self.taken[name])
+
+    async def put_config(self, name: str, config: dict[str, str]) -> None:
+        self.puts.append(name)
 
     async def validate(self, connector_class: str, config: dict[str, str]) -> dict[str, Any]:
         self.validations += 1
@@ -74,6 +87,8 @@ class LaggingConnect:
     async def create(self, name: str, config: dict[str, str], initial_state: str) -> None:
         if self.refuse:  # as Kafka Connect does: an invalid config is refused, nothing is created
             raise ConnectError(400, "Connector configuration is invalid and contains the following 1 error(s)")
+        if name in self.taken:
+            raise ConnectError(409, f"Connector {name} already exists")
         self.creates.append(name)
 
     async def delete(self, name: str) -> None:
@@ -374,3 +389,43 @@ def test_a_running_connector_whose_topics_are_unknown_waits_while_creates_are_un
         return counts
 
     assert asyncio.run(scenario()) == [1, 1, 1, 1]
+
+
+def test_a_connector_someone_created_just_before_our_create_is_never_ours() -> None:
+    """The listing we decided on did not show it yet: our create finds the name taken (409)."""
+
+    async def scenario() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync()
+        theirs = {"connector.class": "FileStreamSource", "name": "orders", "file": "/theirs", "topic": "theirs"}
+        connect.taken["orders"] = theirs
+        await sync.observe("ADDED", _body("orders"))  # type: ignore[arg-type]
+        await _sync_once(sync)  # claims, creates, finds the name taken, withdraws the claim
+        assert not sync.targets["shop", "orders"].owned
+        # Our claim's own event arrives after the withdrawal: it does not make the connector ours again.
+        claimed = {ANNOTATION_OWNED_CONNECTOR: "orders", ANNOTATION_CONNECT_CLUSTER: CLUSTER}
+        await sync.observe("MODIFIED", _body("orders", finalizers=[CONNECT_FINALIZER], annotations=claimed))  # type: ignore[arg-type]
+        assert not sync.targets["shop", "orders"].owned
+        connect.listing["orders"] = _running("orders", config=theirs)  # Connect lists it now
+        await _sync_once(sync)
+        return sync, kube, connect
+
+    _, kube, connect = asyncio.run(scenario())
+    assert connect.puts == [] and connect.deletes == []  # never updated, never deleted
+    assert kube.unannotated == [("orders", (ANNOTATION_OWNED_CONNECTOR, ANNOTATION_CONNECT_CLUSTER))]
+    assert kube.released == ["orders"]  # our finalizer went with the claim
+    ready = next(c for c in kube.statuses["orders"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ConnectorNotOwned"
+
+
+def test_a_connector_with_exactly_our_config_found_on_create_is_ours() -> None:
+    """An earlier create whose answer was lost: the name is taken, by the config we would write."""
+
+    async def scenario() -> tuple[ConnectSync, RecordingKube]:
+        sync, kube, connect = _sync()
+        await sync.observe("ADDED", _body("orders"))  # type: ignore[arg-type]
+        connect.taken["orders"] = dict(sync.targets["shop", "orders"].config)
+        await _sync_once(sync)
+        return sync, kube
+
+    sync, kube = asyncio.run(scenario())
+    assert sync.targets["shop", "orders"].owned and kube.unannotated == [] and kube.released == []

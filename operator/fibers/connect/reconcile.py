@@ -64,6 +64,9 @@ class Target:
     created_at: float = 0.0  # monotonic time of our last successful create
     topic_checks: int = 0
     claimed: bool = False  # the resource carries our claim on its connector name (we create it, we delete it)
+    # A claim we withdrew (someone else created the connector first): events still showing it predate
+    # the withdrawal and do not make the connector ours again.
+    disowned: str = ""
     meta: dict[str, Any] = field(default_factory=dict)  # the resource's metadata as last seen
     deleting: bool = False  # the resource is marked for deletion
     first_seen: float = 0.0  # monotonic time the operator first saw the resource

@@ -33,9 +33,14 @@ class ConnectError(Exception):
         self.message = message
 
     @property
+    def already_exists(self) -> bool:
+        """409 to a create: the name is taken ("Connector x already exists"); retrying will not help."""
+        return self.status_code == 409 and "already exists" in self.message
+
+    @property
     def rebalancing(self) -> bool:
-        """409: the workers are rebalancing; the same call can be retried shortly."""
-        return self.status_code == 409
+        """Another 409: the workers are rebalancing; the same call can be retried shortly."""
+        return self.status_code == 409 and not self.already_exists
 
 
 class ConnectUnreachable(Exception):
@@ -190,6 +195,10 @@ class ConnectClient:
         if initial_state != "RUNNING":
             body["initial_state"] = initial_state
         await self._request("POST", "/connectors", json=body)
+
+    async def config(self, name: str) -> dict[str, str]:
+        """One connector's config as Connect stores it (strings, with name, class and tasks.max)."""
+        return {k: str(v) for k, v in ((await self._request("GET", f"/connectors/{name}/config")).json() or {}).items()}
 
     async def put_config(self, name: str, config: dict[str, str]) -> None:
         await self._request("PUT", f"/connectors/{name}/config", json=config)

@@ -210,10 +210,10 @@ class ConnectSync:
             # Ours: the claim we wrote (a watch event may predate it, so what we know counts too), or
             # one from before the operator kept its own finalizer (kopf's, with the name in status).
             legacy = FINALIZER in target.finalizers and status.get("connectorName") == target.spec.connector
-            target.claimed = bool(
-                (previous and previous.claimed)
-                or annotations.get(ANNOTATION_OWNED_CONNECTOR) == target.spec.connector
-                or legacy
+            claim = annotations.get(ANNOTATION_OWNED_CONNECTOR)
+            target.disowned = previous.disowned if previous and claim == previous.disowned else ""
+            target.claimed = not target.disowned and bool(
+                (previous and previous.claimed) or claim == target.spec.connector or legacy
             )
         target.config_verified = bool(previous and previous.config_verified and previous.config == target.config)
         self.targets[target.key] = target
@@ -804,7 +804,7 @@ class ConnectSync:
             raise ClaimFailed(f"cannot claim the connector name on the resource: {describe(exc)}") from None
         if not patched:
             raise LookupError("the resource was deleted")
-        target.claimed = True
+        target.claimed, target.disowned = True, ""
         target.meta = {
             **target.meta,
             "finalizers": [*target.finalizers, CONNECT_FINALIZER],
@@ -812,6 +812,33 @@ class ConnectSync:
         }
         if reset_offsets:
             self._note_offsets_request(target)
+
+    async def _taken(self, client: ConnectClient, target: Target) -> None:
+        """Our create found the name taken: the listing we decided on did not show the connector yet.
+
+        With exactly the config we would have created it is ours (an earlier create whose answer was
+        lost, or one from before a restart). Otherwise it is someone else's, created between that
+        listing and our create: the claim written ahead of the create is withdrawn (the annotations and
+        our finalizer), so this resource never updates, stops or deletes it — it reports
+        ConnectorNotOwned from the next listing on.
+        """
+        assert target.spec is not None
+        ctx = {"namespace": target.namespace, "resource": target.name, "connector": target.spec.connector}
+        if await client.config(target.spec.connector) == target.config:
+            target.config_verified = True
+            log.info("connector already exists with this spec's config: taken as ours", extra=ctx)
+            return
+        ours = [ANNOTATION_OWNED_CONNECTOR, ANNOTATION_CONNECT_CLUSTER]
+        if target.spec.offsets_on_create == "reset":
+            ours.append(ANNOTATION_OFFSETS)  # written with the claim
+        await self.kube.remove_annotation(PLURAL, target.namespace, target.name, *ours)
+        if CONNECT_FINALIZER in target.finalizers:
+            await self.kube.remove_finalizer(PLURAL, target.namespace, target.name, CONNECT_FINALIZER)
+        annotations = {k: v for k, v in (target.meta.get("annotations") or {}).items() if k not in ours}
+        finalizers = [f for f in target.finalizers if f != CONNECT_FINALIZER]
+        target.meta = {**target.meta, "annotations": annotations, "finalizers": finalizers}
+        target.claimed, target.disowned, target.offsets_request = False, target.spec.connector, None
+        log.warning("connector created by someone else meanwhile: claim withdrawn, left untouched", extra=ctx)
 
     async def _execute(self, client: ConnectClient, target: Target, step: Step, outcome: Outcome) -> None:
         spec = target.spec
@@ -831,7 +858,13 @@ class ConnectSync:
             # With onCreate: reset the connector is created STOPPED and its offsets reset before it runs:
             # the `reset` annotation written ahead carries that through an operator restart.
             state = "STOPPED" if reset else spec.connect_state
-            await self._checked(client, target, client.create(spec.connector, target.config, state))
+            try:
+                await self._checked(client, target, client.create(spec.connector, target.config, state))
+            except ConnectError as exc:
+                if not exc.already_exists:
+                    raise
+                await self._taken(client, target)  # created meanwhile, by us or by someone else
+                return
             target.config_verified = True
             target.created_at = time.monotonic()
             target.topics_due = target.created_at + self.policy.topics_after_create
