@@ -195,6 +195,7 @@ class Witness:
                     for r in status.get("resources") or []
                     if r.get("status") == "OutOfSync"
                 ]
+                # Checked again: a change may have begun while the Application was being read.
                 if not self._expected and (status.get("sync") or {}).get("status") != "Synced":
                     self.findings.append(f"{time.strftime('%H:%M:%S')} {name} OutOfSync: {drifted}")
 
@@ -550,7 +551,6 @@ def test_pause_a_broken_config_and_its_revert_through_git(gitops: GitOps) -> Non
         argo.refresh("orders-pipeline")
         message = argo.wait_health("orders-pipeline", "Connect", "orders-cdc", "Degraded", "snapshot.mode", timeout=90)
         assert "Value must be one of" in message  # Kafka Connect's own words
-        app = argo.get("orders-pipeline")
         wait_for(
             lambda: (
                 (argo.get("orders-pipeline").get("status", {}).get("operationState") or {}).get("phase") == "Failed"
