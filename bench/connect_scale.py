@@ -5,8 +5,12 @@ For each N (100, 500 and 1,000 by default), in one run on the local stack:
               (16 at a time) and waits until every one and its task is RUNNING; it reaches
               Connect through the same counting proxy as the operator;
   operator  — the same N connectors as Connect resources; seconds until every resource is Ready;
-  ratio     — operator / floor, medians over alternating rounds (goal ≤ 1.15): single runs on a
-              shared 2-core machine vary by 10 to 30 %;
+  ratio     — operator / floor, medians over alternating rounds, each phase first in every other
+              round (goal ≤ 1.15): single runs on a shared 2-core machine vary by 10 to 30 %;
+  breakdown — per phase, from the proxy's journal: when the last create was answered, a create's
+              median time, the listings and Connect's time answering them, the other calls, the tail
+              from the last create to all RUNNING/Ready; and the CPU seconds Connect, Kafka, the API
+              server, etcd (and the operator) spent in the phase;
   calls     — REST calls the operator makes to Connect per sync interval at rest, counted by a
               proxy in front of Connect, against a per-connector polling loop (the DataFibers
               design: one status call per connector per interval) measured through the same proxy;
@@ -18,7 +22,7 @@ For each N (100, 500 and 1,000 by default), in one run on the local stack:
               resource's series go with it).
 The last line printed is one JSON object with every figure.
 
-    .venv/bin/python -m bench.connect_scale [--sizes 100,500,1000] [--interval 10] [--rounds 3]
+    .venv/bin/python -m bench.connect_scale [--sizes 100,500,1000] [--interval 10] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +65,16 @@ class CountingProxy:
     polling and slow down every call the operator makes.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, journal: Path) -> None:
         self.upstream = upstream
+        self.journal = journal  # one line per request: sent, answered (monotonic, as in this process), method, path
         self._count = multiprocessing.Value("q", 0)
         self._port = multiprocessing.Value("i", 0)
 
     def start(self) -> str:
-        multiprocessing.Process(target=_serve, args=(self.upstream, self._count, self._port), daemon=True).start()
+        multiprocessing.Process(
+            target=_serve, args=(self.upstream, self._count, self._port, self.journal), daemon=True
+        ).start()
         deadline = time.monotonic() + 10
         while not self._port.value and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -76,13 +84,21 @@ class CountingProxy:
         return int(self._count.value)
 
 
-def _serve(upstream: str, count: Any, port: Any) -> None:
+def _serve(upstream: str, count: Any, port: Any, journal: Path) -> None:
     async def main() -> None:
         session = ClientSession()
+        out = journal.open("a", buffering=1)
 
         async def forward(request: web.Request) -> web.Response:
             with count.get_lock():
                 count.value += 1
+            sent = time.monotonic()
+            try:
+                return await relay(request)
+            finally:
+                out.write(f"{sent:.4f} {time.monotonic():.4f} {request.method} {request.path}\n")
+
+        async def relay(request: web.Request) -> web.Response:
             body = await request.read()
             async with session.request(
                 request.method,
@@ -105,6 +121,87 @@ def _serve(upstream: str, count: Any, port: Any) -> None:
     asyncio.run(main())
 
 
+# The stack's processes whose CPU a phase is charged with: what the operator's path costs the machine
+# beyond Connect's own work (the API server and etcd store the resources, their claims and statuses).
+STACK_PROCESSES = {
+    "connect": "ConnectDistributed",
+    "kafka": "kafka.Kafka ",
+    "kube-apiserver": "/kube-apiserver ",
+    "etcd": "/etcd ",
+}
+
+
+def stack_pids() -> dict[str, int]:
+    pids: dict[str, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for name, pattern in STACK_PROCESSES.items():
+            if pattern in args and name not in pids:
+                pids[name] = int(proc.name)
+    return pids
+
+
+@dataclass
+class Tally:
+    """One N's rounds: seconds and breakdowns of each phase, and the operator's steady-state figures."""
+
+    floors: list[float] = field(default_factory=list)
+    readies: list[float] = field(default_factory=list)
+    floor_parts: list[dict[str, Any]] = field(default_factory=list)
+    operator_parts: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+SETTLE_SECONDS = 5.0  # after each phase's cleanup, before the next phase starts
+
+
+class Phase:
+    """CPU seconds the stack's processes (and the operator, when given) spend during one phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+    def cpu(self) -> dict[str, float]:
+        return {name: round(cpu_seconds(pid) - self.before[name], 1) for name, pid in self.pids.items()}
+
+
+def breakdown(journal: Path, started: float, ended: float) -> dict[str, Any]:
+    """Where a run's seconds went, from the proxy's journal: when its first create was sent and its last
+    answered, how long
+    a create took at the median, how many listings it made and how long Connect took over them, the
+    other calls, and the tail from the last create to all RUNNING (Ready)."""
+    creates: list[tuple[float, float]] = []
+    listings: list[float] = []
+    other = 0
+    for line in journal.read_text().splitlines():
+        sent_s, answered_s, method, path = line.split(" ", 3)
+        sent, answered = float(sent_s), float(answered_s)
+        if not started <= sent <= ended:
+            continue
+        if method == "POST" and path == "/connectors":
+            creates.append((sent, answered))
+        elif method == "GET" and path == "/connectors":
+            listings.append(answered - sent)
+        else:
+            other += 1
+    last = max((a for _, a in creates), default=started)
+    return {
+        "first_create_s": round(min((s for s, _ in creates), default=started) - started, 2),
+        "creates_done_s": round(last - started, 2),
+        "create_p50_ms": round(statistics.median(a - s for s, a in creates) * 1000) if creates else None,
+        "listings": len(listings),
+        "listing_s": round(sum(listings), 2),
+        "other_calls": other,
+        "tail_s": round(ended - last, 2),
+    }
+
+
 def all_running(connect: httpx.Client, names: set[str]) -> bool:
     listing = connect.get("/connectors", params={"expand": "status"}).json()
     done = 0
@@ -120,8 +217,11 @@ def all_running(connect: httpx.Client, names: set[str]) -> bool:
     return done == len(names)
 
 
-def floor_run(connect: httpx.Client, n: int, source: Path, prefix: str) -> float:
+def floor_run(
+    connect: httpx.Client, n: int, source: Path, prefix: str, pids: dict[str, int]
+) -> tuple[float, float, dict[str, float]]:
     names = {f"{prefix}-{i}" for i in range(n)}
+    phase = Phase(pids)
     started = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
         for response in pool.map(
@@ -142,10 +242,11 @@ def floor_run(connect: httpx.Client, n: int, source: Path, prefix: str) -> float
             response.raise_for_status()
     wait(lambda: all_running(connect, names), 900, "floor connectors RUNNING")
     elapsed = time.monotonic() - started
+    cpu = phase.cpu()
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda name: connect.delete(f"/connectors/{name}"), names))
     wait(lambda: not names & set(connect.get("/connectors").json()), 300, "floor connectors deleted")
-    return elapsed
+    return started, elapsed, cpu
 
 
 def polling_loop_calls(proxy_url: str, names: list[str], proxy: CountingProxy) -> int:
@@ -200,6 +301,7 @@ def operator_run(
     proxy_url: str,
     workdir: Path,
     steady_state: bool,
+    pids: dict[str, int],
 ) -> dict[str, Any]:
     custom = client.CustomObjectsApi(api)
     core = client.CoreV1Api(api)
@@ -241,6 +343,7 @@ def operator_run(
 
         all_ready = ready_watcher(custom, namespace, n)
         time.sleep(0.5)  # the watch is open
+        phase = Phase({**pids, "operator": op.pid})
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(
@@ -254,12 +357,15 @@ def operator_run(
         if not all_ready.wait(900):
             raise TimeoutError("all Connect resources Ready")
         ready_seconds = time.monotonic() - started
-        figures: dict[str, Any] = {"ready_seconds": round(ready_seconds, 1)}
+        figures: dict[str, Any] = {
+            "ready_seconds": round(ready_seconds, 1),
+            "breakdown": breakdown(proxy.journal, started, started + ready_seconds) | {"cpu_s": phase.cpu()},
+        }
+        say(f"N={n}: all Ready after {ready_seconds:.1f}s: {json.dumps(figures['breakdown'])}")
         if not steady_state:
-            say(f"N={n}: all Ready after {ready_seconds:.1f}s")
             delete_all(custom, namespace)
             return figures
-        say(f"N={n}: all Ready after {ready_seconds:.1f}s; measuring the steady state for 3 intervals")
+        say(f"N={n}: measuring the steady state for 3 intervals")
         time.sleep(interval * 3)  # let the fast interval wind down (topics of new connectors are learnt first)
         before, t0 = proxy.total(), time.monotonic()
         time.sleep(interval * 3)
@@ -353,26 +459,46 @@ def main() -> int:
     os.chmod(workdir, 0o755)
     source = workdir / "source.txt"
     source.write_text("".join(f"line {i}\n" for i in range(10)))
-    proxy = CountingProxy(info.connect_url)
+    proxy = CountingProxy(info.connect_url, workdir / "proxy-journal.txt")
+    pids = stack_pids()
     proxy_url = proxy.start()
     results: dict[str, Any] = {"interval_seconds": args.interval}
     with httpx.Client(base_url=proxy_url, timeout=60) as connect:  # both paths go through the proxy
+        # Unmeasured: the first connectors after Connect starts are slow (class loading, JIT).
+        say("warming Kafka Connect up: 50 connectors, not measured")
+        floor_run(connect, 50, source, f"warmup-{uuid.uuid4().hex[:4]}", pids)
+        delete_topics(info.kafka_bootstrap, "warmup-")
         for n in sizes:
-            say(f"N={n}: floor (plain REST script)")
-            floors: list[float] = []
-            readies: list[float] = []
-            figures: dict[str, Any] = {}
-            for round_ in range(args.rounds):  # alternating: drift in the stack affects both alike
+            tally = Tally()
+
+            def floor_phase(round_: int, n: int = n, tally: Tally = tally) -> None:
                 prefix = f"floor{n}-{uuid.uuid4().hex[:4]}"
-                floors.append(floor_run(connect, n, source, prefix))
+                started, elapsed, cpu = floor_run(connect, n, source, prefix, pids)
+                tally.floors.append(elapsed)
+                tally.floor_parts.append(breakdown(proxy.journal, started, started + elapsed) | {"cpu_s": cpu})
                 delete_topics(info.kafka_bootstrap, prefix)
-                say(f"N={n} round {round_ + 1}: floor {floors[-1]:.1f}s; now through the operator")
-                run = operator_run(info, api, n, source, args.interval, proxy, proxy_url, workdir, round_ == 0)
-                readies.append(run["ready_seconds"])
-                figures = figures or run  # the steady-state figures come from the first round
-            figures["ready_seconds"] = [round(r, 1) for r in readies]
-            figures["floor_seconds"] = [round(f, 1) for f in floors]
-            figures["ready_ratio"] = round(statistics.median(readies) / statistics.median(floors), 2)
+                say(f"N={n} round {round_ + 1}: floor {elapsed:.1f}s: {json.dumps(tally.floor_parts[-1])}")
+
+            def operator_phase(round_: int, n: int = n, tally: Tally = tally) -> None:
+                first = not tally.readies  # the steady-state figures come from the first operator run
+                run = operator_run(info, api, n, source, args.interval, proxy, proxy_url, workdir, first, pids)
+                tally.readies.append(run["ready_seconds"])
+                tally.operator_parts.append(run.pop("breakdown"))
+                tally.figures = tally.figures or run
+
+            for round_ in range(args.rounds):
+                # Alternating, in turn first (ABBA): drift in the stack, and what a phase leaves Connect and
+                # Kafka to finish (rebalances, topic deletions), then weigh on both alike.
+                phases = (floor_phase, operator_phase) if round_ % 2 == 0 else (operator_phase, floor_phase)
+                for phase in phases:
+                    phase(round_)
+                    time.sleep(SETTLE_SECONDS)
+            figures = tally.figures
+            figures["ready_seconds"] = [round(r, 1) for r in tally.readies]
+            figures["floor_seconds"] = [round(f, 1) for f in tally.floors]
+            figures["ready_ratio"] = round(statistics.median(tally.readies) / statistics.median(tally.floors), 2)
+            figures["floor_breakdown"] = tally.floor_parts
+            figures["operator_breakdown"] = tally.operator_parts
             results[str(n)] = figures
             say(f"N={n}: {json.dumps(figures)}")
     largest = results[str(max(sizes))]

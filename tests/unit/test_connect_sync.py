@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -391,6 +392,44 @@ def test_a_running_connector_whose_topics_are_unknown_waits_while_creates_are_un
     assert asyncio.run(scenario()) == [1, 1, 1, 1]
 
 
+def test_topics_are_asked_only_once_new_connectors_report_ready() -> None:
+    """A connector of ours that has just started gets its Ready written before any topic ask on its
+    cluster: topic asks (and the status writes they bring) would queue ahead of it."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        sync, kube, connect = _sync()
+        asked: list[str] = []
+
+        async def topics(name: str) -> list[str]:
+            asked.append(name)
+            return [f"{name}-topic"]
+
+        connect.topics = topics  # type: ignore[method-assign]
+        owned = {"finalizers": [CONNECT_FINALIZER]}
+        for name in ("older", "fresh"):
+            await sync.observe(None, _body(name, annotations={ANNOTATION_OWNED_CONNECTOR: name}, **owned))  # type: ignore[arg-type]
+        older, fresh = sync.targets["shop", "older"], sync.targets["shop", "fresh"]
+        older.status = {"conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
+        older.topics_due = 0.0  # its topics are unknown and due
+        fresh.created_at = time.monotonic()  # created by us a moment ago, Ready not written yet
+        connect.listing = {n: _running(n, config=t.config) for n, t in (("older", older), ("fresh", fresh))}
+        await _sync_once(sync)
+        first = list(asked)
+        ready_before_asks = [n for n, st in kube.statuses.items() if _ready_status(st) == "True"]
+        sync._finished_at.clear()
+        await _sync_once(sync)
+        return first, ready_before_asks, asked
+
+    first, ready_before_asks, asked = asyncio.run(scenario())
+    assert first == []  # "fresh" was starting: no topic ask on the cluster
+    assert "fresh" in ready_before_asks  # its Ready went out first
+    assert sorted(asked) == ["fresh", "older"]  # once it is Ready, both are asked
+
+
+def _ready_status(status: dict[str, Any]) -> str | None:
+    return next((c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+
+
 def test_a_connector_someone_created_just_before_our_create_is_never_ours() -> None:
     """The listing we decided on did not show it yet: our create finds the name taken (409)."""
 
@@ -429,3 +468,21 @@ def test_a_connector_with_exactly_our_config_found_on_create_is_ours() -> None:
 
     sync, kube = asyncio.run(scenario())
     assert sync.targets["shop", "orders"].owned and kube.unannotated == [] and kube.released == []
+
+
+def test_a_cluster_whose_listings_take_long_is_listed_less_often_even_when_nudged() -> None:
+    """Listings cost Connect (and the operator) at most ~1/listing_spacing of the time while connectors
+    converge: the fast interval for a small cluster, longer for one whose listing takes 40 ms."""
+    sync, _, _ = _sync()
+    sync._converging.add(CLUSTER)
+    sync._listing_cost[CLUSTER] = 0.001
+    assert sync._interval(CLUSTER) == sync.settings.fast_interval
+    sync._listing_cost[CLUSTER] = 0.04
+    assert sync._interval(CLUSTER) == pytest.approx(0.04 * sync.policy.listing_spacing)
+    now = time.monotonic()
+    sync._last_sync[CLUSTER] = now
+    sync._nudged.add(CLUSTER)  # a resource changed: synced without waiting for the interval ...
+    assert sync._wait(CLUSTER, now) == pytest.approx(0.04 * sync.policy.listing_spacing)  # ... but not sooner than that
+    sync._converging.clear()
+    sync._nudged.clear()
+    assert sync._wait(CLUSTER, now) == pytest.approx(sync.settings.interval)  # at rest: one listing per interval

@@ -118,7 +118,9 @@ class SyncSettings:
     The numbers tuned in code are `ConnectPolicy`'s."""
 
     interval: float = 10.0  # at rest: one listing per cluster per interval
-    fast_interval: float = 0.25  # while some connector converges: a status-only listing is cheap, as a script polls
+    # While some connector converges: a status-only listing is cheap. It is the shortest pace; a cluster whose
+    # listings take long is listed less often (`ConnectPolicy.listing_spacing`).
+    fast_interval: float = 0.1
     default_cluster: str | None = None  # the ConnectCluster of Connects without spec.cluster (chart value)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace} of OpenLineage events; None: off
     kafka_bootstrap: str | None = None  # the connectors' Kafka, to name their topics in lineage events
@@ -141,6 +143,7 @@ class ConnectSync:
         self._last_sync: dict[str, float] = {}
         self._unreachable = Repeats(self.policy.unreachable_log_every)  # clusters that do not answer
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
+        self._listing_cost: dict[str, float] = {}  # per cluster, seconds its last listing took (asked and read)
         self._written: dict[tuple[str, str], float] = {}
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
         self._finished_at: dict[tuple[str, str], float] = {}  # when each resource's last reconcile ended
@@ -341,7 +344,20 @@ class ConnectSync:
     def _interval(self, cluster: str) -> float:
         if cluster in self._unreachable:
             return min(self.policy.unreachable_retry, self.settings.interval)
-        return self.settings.fast_interval if cluster in self._converging else self.settings.interval
+        if cluster not in self._converging:
+            return self.settings.interval
+        return max(self.settings.fast_interval, self._spacing(cluster))
+
+    def _spacing(self, cluster: str) -> float:
+        """The least time between two listings of a cluster, changes or not (`ConnectPolicy.listing_spacing`)."""
+        return self.policy.listing_spacing * self._listing_cost.get(cluster, 0.0)
+
+    def _wait(self, cluster: str, now: float) -> float:
+        """Seconds until the cluster is due: at once when nudged (after its listing spacing), else its interval."""
+        last = self._last_sync.get(cluster, 0.0)
+        if cluster in self._nudged:
+            return last + self._spacing(cluster) - now
+        return last + self._interval(cluster) - now
 
     async def run(self) -> None:
         while True:
@@ -359,14 +375,14 @@ class ConnectSync:
             await self._replace_all()
         groups = self._by_cluster()
         now = time.monotonic()
-        due = [c for c in groups if c in self._nudged or now - self._last_sync.get(c, 0) >= self._interval(c)]
+        due = [c for c in groups if self._wait(c, now) <= 0]
         if due:
             await asyncio.gather(*(self._sync_cluster(c, groups[c]) for c in due))
         self._start_deletions()
         await self._resolve_unresolved()
         await self._report_unplaced()
         now = time.monotonic()
-        waits = [0.0 if c in self._nudged else self._last_sync.get(c, 0) + self._interval(c) - now for c in groups]
+        waits = [self._wait(c, now) for c in groups]
         timeout = max(self.policy.tick_floor, min(waits, default=self.settings.interval))
         self._wake.clear()
         if await sleep_until_woken(self._wake, timeout):
@@ -409,6 +425,7 @@ class ConnectSync:
             ):
                 with_configs = True
                 listing = await client.list_expanded(configs=True)
+            self._listing_cost[cluster] = time.monotonic() - now
         except (ConnectUnreachable, ConnectError, ClusterUnavailable) as exc:
             message = redact(str(exc), ())
             self._note_unreachable(cluster, message)
@@ -423,8 +440,10 @@ class ConnectSync:
         if with_configs:
             self._configs_read[cluster] = now
         # While connectors are converging, learn their topics quickly; at rest, only a few per sync;
-        # none while earlier creates are still under way: Connect is busy enough with those.
-        if any(t.key in self._in_flight for t in targets):
+        # none while earlier creates are still under way (Connect is busy enough with those) or new
+        # connectors are still starting: their Ready comes first, and topic asks and the status writes
+        # they bring would queue ahead of it.
+        if any(t.key in self._in_flight or self._starting(t, now) for t in targets):
             refresh_budget = [0]
         elif cluster in self._converging:
             refresh_budget = [self.policy.topic_refreshes_converging]
@@ -457,6 +476,14 @@ class ConnectSync:
             self._converging.discard(cluster)
         else:
             self._converging.add(cluster)
+
+    def _starting(self, target: Target, now: float) -> bool:
+        """Created by us moments ago (`ConnectPolicy.topics_wait_for_starting`) and still starting: not
+        Ready yet, and not failed either (a failure is reported as soon as it is seen)."""
+        if now - target.created_at >= self.policy.topics_wait_for_starting:
+            return False
+        ready = conditions.find(target.status.get("conditions"), READY) or {}
+        return ready.get("reason", "Creating") in STARTUP_REASONS
 
     def _at_rest(self, target: Target, listing: dict[str, ConnectorView]) -> bool:
         """A resource whose last reconcile left nothing to do, and whose connector has not moved since,
