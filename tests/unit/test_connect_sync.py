@@ -470,19 +470,21 @@ def test_a_connector_with_exactly_our_config_found_on_create_is_ours() -> None:
     assert sync.targets["shop", "orders"].owned and kube.unannotated == [] and kube.released == []
 
 
-def test_a_cluster_whose_listings_take_long_is_listed_less_often_even_when_nudged() -> None:
-    """Listings cost Connect (and the operator) at most ~1/listing_spacing of the time while connectors
-    converge: the fast interval for a small cluster, longer for one whose listing takes 40 ms."""
+def test_a_cluster_with_many_connectors_is_listed_less_often_even_when_nudged() -> None:
+    """Listings cost Connect (and the operator) in proportion to the connectors listed: while connectors
+    converge, a cluster of 100 is listed at the fast interval, one of 1,000 less often."""
     sync, _, _ = _sync()
     sync._converging.add(CLUSTER)
-    sync._listing_cost[CLUSTER] = 0.001
+    sync._listed[CLUSTER] = 100
     assert sync._interval(CLUSTER) == sync.settings.fast_interval
-    sync._listing_cost[CLUSTER] = 0.04
-    assert sync._interval(CLUSTER) == pytest.approx(0.04 * sync.policy.listing_spacing)
+    sync._listed[CLUSTER] = 1000
+    spacing = 1000 * sync.policy.listing_spacing_per_connector
+    assert spacing > sync.settings.fast_interval
+    assert sync._interval(CLUSTER) == pytest.approx(spacing)
     now = time.monotonic()
     sync._last_sync[CLUSTER] = now
     sync._nudged.add(CLUSTER)  # a resource changed: synced without waiting for the interval ...
-    assert sync._wait(CLUSTER, now) == pytest.approx(0.04 * sync.policy.listing_spacing)  # ... but not sooner than that
+    assert sync._wait(CLUSTER, now) == pytest.approx(spacing)  # ... but not sooner than the spacing
     sync._converging.clear()
     sync._nudged.clear()
     assert sync._wait(CLUSTER, now) == pytest.approx(sync.settings.interval)  # at rest: one listing per interval

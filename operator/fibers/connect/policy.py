@@ -28,11 +28,13 @@ class ConnectPolicy:
     # Shortest wait between two passes of the loop, however soon a cluster is due. Each cluster is synced at
     # most every (fast) interval anyway; 0.2 s here held a converging cluster to a listing every ~0.45 s.
     tick_floor: float = 0.05
-    # While connectors converge, a cluster is listed no sooner than this many times its last listing took, so
-    # listings cost Connect (and the operator reading them) at most ~5 % of the time whatever the number of
-    # connectors: 3-5 ms at 100 (the fast interval rules), 20-40 ms at 1,000 under a wave of creates (0.4-0.8 s;
-    # 173 listings had taken 3-7 s of Connect's answers in a 50 s wave at the fast pace).
-    listing_spacing: float = 20.0
+    # A cluster is listed no sooner than this many seconds per connector it lists, nudged or not: a status
+    # listing of 1,000 connectors takes a quiet Connect 7-9 ms and the operator ~15-30 ms to read (profiled),
+    # so one every 0.5 s costs a few % of a core, where the fast pace had made 173 listings in a 50 s wave on
+    # the cores Connect's creates need. Below 200 connectors the fast interval rules. (Spacing by how long the
+    # last listing took fails: under a wave of creates a listing waits in the herder's queue, 0.4 s once,
+    # and new resources then waited seconds for their create.)
+    listing_spacing_per_connector: float = 0.0005
     # Pause after a wake-up, so a burst of applies is synced together, not once each: 100 applies from
     # 16 clients reach the operator within ~0.2 s, and later arrivals join the next (fast) sync.
     burst_gather: float = 0.05

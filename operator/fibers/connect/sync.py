@@ -118,8 +118,8 @@ class SyncSettings:
     The numbers tuned in code are `ConnectPolicy`'s."""
 
     interval: float = 10.0  # at rest: one listing per cluster per interval
-    # While some connector converges: a status-only listing is cheap. It is the shortest pace; a cluster whose
-    # listings take long is listed less often (`ConnectPolicy.listing_spacing`).
+    # While some connector converges: a status-only listing is cheap. It is the shortest pace; a cluster with
+    # many connectors is listed less often (`ConnectPolicy.listing_spacing_per_connector`).
     fast_interval: float = 0.1
     default_cluster: str | None = None  # the ConnectCluster of Connects without spec.cluster (chart value)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace} of OpenLineage events; None: off
@@ -143,7 +143,7 @@ class ConnectSync:
         self._last_sync: dict[str, float] = {}
         self._unreachable = Repeats(self.policy.unreachable_log_every)  # clusters that do not answer
         self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
-        self._listing_cost: dict[str, float] = {}  # per cluster, seconds its last listing took (asked and read)
+        self._listed: dict[str, int] = {}  # per cluster, how many connectors its last listing had
         self._written: dict[tuple[str, str], float] = {}
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
         self._finished_at: dict[tuple[str, str], float] = {}  # when each resource's last reconcile ended
@@ -349,8 +349,9 @@ class ConnectSync:
         return max(self.settings.fast_interval, self._spacing(cluster))
 
     def _spacing(self, cluster: str) -> float:
-        """The least time between two listings of a cluster, changes or not (`ConnectPolicy.listing_spacing`)."""
-        return self.policy.listing_spacing * self._listing_cost.get(cluster, 0.0)
+        """The least time between two listings of a cluster, changes or not: a listing's cost grows with the
+        connectors it lists (`ConnectPolicy.listing_spacing_per_connector`)."""
+        return self.policy.listing_spacing_per_connector * self._listed.get(cluster, 0)
 
     def _wait(self, cluster: str, now: float) -> float:
         """Seconds until the cluster is due: at once when nudged (after its listing spacing), else its interval."""
@@ -425,7 +426,6 @@ class ConnectSync:
             ):
                 with_configs = True
                 listing = await client.list_expanded(configs=True)
-            self._listing_cost[cluster] = time.monotonic() - now
         except (ConnectUnreachable, ConnectError, ClusterUnavailable) as exc:
             message = redact(str(exc), ())
             self._note_unreachable(cluster, message)
@@ -434,6 +434,7 @@ class ConnectSync:
                 await self._publish(target, self._unreachable_status(target, message))
             self._converging.discard(cluster)  # asked again every `unreachable_retry` s, not at the fast pace
             return
+        self._listed[cluster] = len(listing)
         if self._unreachable.ended(cluster):
             log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
