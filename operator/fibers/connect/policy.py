@@ -31,7 +31,7 @@ class ConnectPolicy:
     # A cluster is listed no sooner than this many seconds per connector it lists, nudged or not: a status
     # listing of 1,000 connectors takes a quiet Connect 7-9 ms and the operator ~15-30 ms to read (profiled),
     # so one every 0.5 s costs a few % of a core, where the fast pace had made 173 listings in a 50 s wave on
-    # the cores Connect's creates need. Below 200 connectors the fast interval rules. (Spacing by how long the
+    # the cores Connect's creates need. Below 500 connectors the fast interval rules. (Spacing by how long the
     # last listing took fails: under a wave of creates a listing waits in the herder's queue, 0.4 s once,
     # and new resources then waited seconds for their create.)
     listing_spacing_per_connector: float = 0.0005
