@@ -7,10 +7,10 @@ For each N (100, 500 and 1,000 by default), in one run on the local stack:
   operator  — the same N connectors as Connect resources; seconds until every resource is Ready;
   ratio     — operator / floor, medians over alternating rounds, each phase first in every other
               round (goal ≤ 1.15): single runs on a shared 2-core machine vary by 10 to 30 %;
-  breakdown — per phase, from the proxy's journal: when the last create was answered, a create's
-              median time, the listings and Connect's time answering them, the other calls, the tail
-              from the last create to all RUNNING/Ready; and the CPU seconds Connect, Kafka, the API
-              server, etcd (and the operator) spent in the phase;
+  breakdown — per phase, from the proxy's journal: when the first create was sent and the last
+              answered, a create's median time, the listings and Connect's time answering them, the
+              other calls, the tail from the last create to all RUNNING/Ready; and the CPU seconds
+              Connect, Kafka, the API server, etcd (and the operator) spent in the phase;
   calls     — REST calls the operator makes to Connect per sync interval at rest, counted by a
               proxy in front of Connect, against a per-connector polling loop (the DataFibers
               design: one status call per connector per interval) measured through the same proxy;
@@ -50,7 +50,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from bench.machine import Run, cpu_seconds, free_port, rss_mib, say, wait
+from bench.machine import Run, cpu_seconds, dies_with_parent, free_port, rss_mib, say, wait
 from fibers_stack import crds, platform_resources
 
 WITHOUT_KUBERNETES = Path(__file__).resolve().parents[1] / "tools" / "without-kubernetes"
@@ -132,6 +132,7 @@ STACK_PROCESSES = {
 
 
 def stack_pids() -> dict[str, int]:
+    """The running stack's processes named in STACK_PROCESSES, by their command lines."""
     pids: dict[str, int] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -172,10 +173,9 @@ class Phase:
 
 
 def breakdown(journal: Path, started: float, ended: float) -> dict[str, Any]:
-    """Where a run's seconds went, from the proxy's journal: when its first create was sent and its last
-    answered, how long
-    a create took at the median, how many listings it made and how long Connect took over them, the
-    other calls, and the tail from the last create to all RUNNING (Ready)."""
+    """Where a phase's seconds went, from the proxy's journal: when its first create was sent and its last
+    answered, a create's median time, how many listings it made and how long Connect took to answer them,
+    the other calls, and the tail from the last create to all RUNNING (Ready)."""
     creates: list[tuple[float, float]] = []
     listings: list[float] = []
     other = 0
@@ -323,6 +323,7 @@ def operator_run(
         stdout=log,
         stderr=log,
         env=env,
+        preexec_fn=dies_with_parent,
     )
     try:
         time.sleep(3)

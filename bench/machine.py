@@ -9,8 +9,10 @@ the load average (1, 5 and 15 minutes) before and after, and how long the run to
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +93,13 @@ class Run:
         print(json.dumps({"benchmark": self.benchmark, **results, "machine": self.machine()}), flush=True)
 
 
+def dies_with_parent() -> None:
+    """A child's `preexec_fn`: the kernel sends it SIGTERM when the benchmark dies (even by SIGKILL), so an
+    interrupted run leaves no operator behind to poll Connect and reconcile a namespace nobody measures."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def operator_process(info: StackInfo, namespace: str, log_file: Path) -> Iterator[subprocess.Popen[bytes]]:
     """The operator as a process of its own watching `namespace` (pods run as the chart's job account),
@@ -101,6 +110,7 @@ def operator_process(info: StackInfo, namespace: str, log_file: Path) -> Iterato
             stdout=log,
             stderr=log,
             env={**os.environ, **info.env(), "FIBERS_JOB_SERVICE_ACCOUNT": "fibers-job"},
+            preexec_fn=dies_with_parent,
         )
         try:
             yield process
