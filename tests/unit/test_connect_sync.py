@@ -488,3 +488,36 @@ def test_a_cluster_with_many_connectors_is_listed_less_often_even_when_nudged() 
     sync._converging.clear()
     sync._nudged.clear()
     assert sync._wait(CLUSTER, now) == pytest.approx(sync.settings.interval)  # at rest: one listing per interval
+
+
+def test_configs_are_not_read_while_our_creates_are_under_way() -> None:
+    """Connect answers a listing with configs with one herder request per connector, queued between the
+    creates of a wave: the periodic config read waits until the creates are done."""
+
+    async def scenario() -> list[bool]:
+        sync, _, connect = _sync()
+        release = asyncio.Event()
+        creates = connect.create
+        asked: list[bool] = []
+        listing = connect.list_expanded
+
+        async def slow_create(name: str, config: dict[str, str], initial_state: str) -> None:
+            await release.wait()  # queued behind other creates in Connect's herder
+            await creates(name, config, initial_state)
+
+        async def recording(*, configs: bool = True) -> dict[str, ConnectorView]:
+            asked.append(configs)
+            return await listing(configs=configs)
+
+        connect.create = slow_create  # type: ignore[method-assign]
+        connect.list_expanded = recording  # type: ignore[method-assign]
+        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
+        await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # the first sync reads configs; creates
+        sync._configs_read[CLUSTER] = 0.0  # an interval has passed
+        await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # the create is still under way
+        release.set()
+        await asyncio.gather(*sync._in_flight.values())
+        await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # done: the configs are read
+        return asked
+
+    assert asyncio.run(scenario()) == [True, False, True]

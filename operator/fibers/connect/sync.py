@@ -418,7 +418,12 @@ class ConnectSync:
         self._nudged.discard(cluster)
         # Configs are read once per interval, and when an existing connector's config is not known
         # to match its spec (a changed spec); connectors being created or starting need statuses only.
-        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval
+        # The periodic read waits while our creates are under way: Connect answers it with one request
+        # per connector in its herder's queue, between the creates (0.5-2.9 s each, every 10 s, in a wave
+        # of 1,000), and the connectors being created hold the configs we wrote.
+        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval and not any(
+            t.key in self._in_flight for t in targets
+        )
         try:
             client = self.clusters.client(cluster)
             listing = await client.list_expanded(configs=with_configs)
