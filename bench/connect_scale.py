@@ -121,30 +121,10 @@ def _serve(upstream: str, count: Any, port: Any, journal: Path) -> None:
     asyncio.run(main())
 
 
-# The stack's processes whose CPU a phase is charged with: what the operator's path costs the machine
-# beyond Connect's own work (the API server and etcd store the resources, their claims and statuses).
-STACK_PROCESSES = {
-    "connect": "ConnectDistributed",
-    "kafka": "kafka.Kafka ",
-    "kube-apiserver": "/kube-apiserver ",
-    "etcd": "/etcd ",
-}
-
-
-def stack_pids() -> dict[str, int]:
-    """The running stack's processes named in STACK_PROCESSES, by their command lines."""
-    pids: dict[str, int] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        for name, pattern in STACK_PROCESSES.items():
-            if pattern in args and name not in pids:
-                pids[name] = int(proc.name)
-    return pids
+# The stack's processes (their names in `StackInfo.pids`) whose CPU a phase is charged with: what the
+# operator's path costs the machine beyond Connect's own work (the API server and etcd store the resources,
+# their claims and statuses).
+CHARGED = ("kafka-connect", "kafka", "kube-apiserver", "etcd")
 
 
 @dataclass
@@ -218,8 +198,9 @@ def all_running(connect: httpx.Client, names: set[str]) -> bool:
 
 
 def floor_run(
-    connect: httpx.Client, n: int, source: Path, prefix: str, pids: dict[str, int]
-) -> tuple[float, float, dict[str, float]]:
+    connect: httpx.Client, n: int, source: Path, prefix: str, pids: dict[str, int], journal: Path
+) -> tuple[float, dict[str, Any]]:
+    """Seconds until the script's N connectors all run, and the phase's breakdown."""
     names = {f"{prefix}-{i}" for i in range(n)}
     phase = Phase(pids)
     started = time.monotonic()
@@ -242,11 +223,11 @@ def floor_run(
             response.raise_for_status()
     wait(lambda: all_running(connect, names), 900, "floor connectors RUNNING")
     elapsed = time.monotonic() - started
-    cpu = phase.cpu()
+    parts = breakdown(journal, started, started + elapsed) | {"cpu_s": phase.cpu()}
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda name: connect.delete(f"/connectors/{name}"), names))
     wait(lambda: not names & set(connect.get("/connectors").json()), 300, "floor connectors deleted")
-    return started, elapsed, cpu
+    return elapsed, parts
 
 
 def polling_loop_calls(proxy_url: str, names: list[str], proxy: CountingProxy) -> int:
@@ -461,22 +442,22 @@ def main() -> int:
     source = workdir / "source.txt"
     source.write_text("".join(f"line {i}\n" for i in range(10)))
     proxy = CountingProxy(info.connect_url, workdir / "proxy-journal.txt")
-    pids = stack_pids()
+    pids = {name: info.pids[name] for name in CHARGED}
     proxy_url = proxy.start()
     results: dict[str, Any] = {"interval_seconds": args.interval}
     with httpx.Client(base_url=proxy_url, timeout=60) as connect:  # both paths go through the proxy
         # Unmeasured: the first connectors after Connect starts are slow (class loading, JIT).
         say("warming Kafka Connect up: 50 connectors, not measured")
-        floor_run(connect, 50, source, f"warmup-{uuid.uuid4().hex[:4]}", pids)
+        floor_run(connect, 50, source, f"warmup-{uuid.uuid4().hex[:4]}", pids, proxy.journal)
         delete_topics(info.kafka_bootstrap, "warmup-")
         for n in sizes:
             tally = Tally()
 
             def floor_phase(round_: int, n: int = n, tally: Tally = tally) -> None:
                 prefix = f"floor{n}-{uuid.uuid4().hex[:4]}"
-                started, elapsed, cpu = floor_run(connect, n, source, prefix, pids)
+                elapsed, parts = floor_run(connect, n, source, prefix, pids, proxy.journal)
                 tally.floors.append(elapsed)
-                tally.floor_parts.append(breakdown(proxy.journal, started, started + elapsed) | {"cpu_s": cpu})
+                tally.floor_parts.append(parts)
                 delete_topics(info.kafka_bootstrap, prefix)
                 say(f"N={n} round {round_ + 1}: floor {elapsed:.1f}s: {json.dumps(tally.floor_parts[-1])}")
 

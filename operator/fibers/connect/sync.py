@@ -421,9 +421,7 @@ class ConnectSync:
         # The periodic read waits while our creates are under way: Connect answers it with one request
         # per connector in its herder's queue, between the creates (0.5-2.9 s each, every 10 s, in a wave
         # of 1,000), and the connectors being created hold the configs we wrote.
-        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval and not any(
-            t.key in self._in_flight for t in targets
-        )
+        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval and not self._busy(targets)
         try:
             client = self.clusters.client(cluster)
             listing = await client.list_expanded(configs=with_configs)
@@ -450,7 +448,7 @@ class ConnectSync:
         # none while earlier creates are still under way (Connect is busy enough with those) or new
         # connectors are still starting: their Ready comes first, and topic asks and the status writes
         # they bring would queue ahead of it.
-        if any(t.key in self._in_flight or self._starting(t, now) for t in targets):
+        if self._busy(targets) or any(self._starting(t, now) for t in targets):
             refresh_budget = [0]
         elif cluster in self._converging:
             refresh_budget = [self.policy.topic_refreshes_converging]
@@ -483,6 +481,11 @@ class ConnectSync:
             self._converging.discard(cluster)
         else:
             self._converging.add(cluster)
+
+    def _busy(self, targets: list[Target]) -> bool:
+        """Some of these resources are still being reconciled from an earlier sync (creates waiting their
+        turn in Connect's queue)."""
+        return any(t.key in self._in_flight for t in targets)
 
     def _starting(self, target: Target, now: float) -> bool:
         """Created by us moments ago (`ConnectPolicy.topics_wait_for_starting`) and still starting: not
