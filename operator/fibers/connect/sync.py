@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
@@ -147,6 +147,7 @@ class ConnectSync:
         self._listed: dict[str, int] = {}  # per cluster, how many connectors its last listing had
         self._written: dict[tuple[str, str], float] = {}
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}  # one reconcile per resource at a time
+        self._in_flight_on: Counter[str] = Counter()  # per cluster, how many of those
         self._finished_at: dict[tuple[str, str], float] = {}  # when each resource's last reconcile ended
         self._unsettled: dict[str, set[tuple[str, str]]] = defaultdict(set)  # per cluster, after their last reconcile
         self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}  # what of each resource's metadata we acted on
@@ -351,8 +352,15 @@ class ConnectSync:
 
     def _spacing(self, cluster: str) -> float:
         """The least time between two listings of a cluster, changes or not: a listing's cost grows with the
-        connectors it lists (`ConnectPolicy.listing_spacing_per_connector`)."""
-        return self.policy.listing_spacing_per_connector * self._listed.get(cluster, 0)
+        connectors it lists (`ConnectPolicy.listing_spacing_per_connector`), and while the cluster is
+        saturated with our reconciles a listing only reports Ready sooner (`saturated_listing_spacing`)."""
+        spacing = self.policy.listing_spacing_per_connector * self._listed.get(cluster, 0)
+        if self._saturated(cluster):
+            return max(spacing, self.policy.saturated_listing_spacing)
+        return spacing
+
+    def _saturated(self, cluster: str) -> bool:
+        return self._in_flight_on[cluster] > self.policy.parallel_calls
 
     def _wait(self, cluster: str, now: float) -> float:
         """Seconds until the cluster is due: at once when nudged (after its listing spacing), else its interval."""
@@ -547,6 +555,9 @@ class ConnectSync:
             finally:
                 self._in_flight.pop(target.key, None)
                 self._finished_at[target.key] = time.monotonic()
+                self._in_flight_on[cluster] -= 1
+                if self._in_flight_on[cluster] == self.policy.parallel_calls:
+                    self._wake.set()  # no longer saturated: listed at the usual spacing again
             if settled:
                 self._unsettled[cluster].discard(target.key)
             else:
@@ -555,6 +566,7 @@ class ConnectSync:
 
         task = asyncio.create_task(reconcile_one(), name=f"connect-reconcile-{target.namespace}/{target.name}")
         self._in_flight[target.key] = task
+        self._in_flight_on[cluster] += 1
         return task
 
     def _note_unreachable(self, cluster: str, message: str) -> None:
@@ -947,8 +959,8 @@ class ConnectSync:
         if (
             before.get("reason", "Creating") in STARTUP_REASONS  # a new resource has no Ready condition yet
             and after.get("reason") in STARTUP_REASONS
-            and time.monotonic() - self._written.get(target.key, target.first_seen) < self.policy.startup_status_every
             and not offsets_changed
+            and self._progress_held(target)
         ):
             return  # the resource is still converging, so a later sync writes what this one skipped
         await self.kube.replace_status(PLURAL, target.namespace, target.name, status, target.status)
@@ -963,6 +975,14 @@ class ConnectSync:
             elif after.get("reason") in FAILURE_REASONS:
                 log.warning("not ready: %s", after.get("message", ""), extra=ctx)
                 self._event(target, after.get("reason", "NotReady"), after.get("message", ""), warning=True)
+
+    def _progress_held(self, target: Target) -> bool:
+        """Whether a starting resource's progress status waits: its first until it has waited
+        `startup_status_every`, each later one until `progress_status_every` after the last write."""
+        written = self._written.get(target.key)
+        if written is None:
+            return time.monotonic() - target.first_seen < self.policy.startup_status_every
+        return time.monotonic() - written < self.policy.progress_status_every
 
     async def aclose(self) -> None:
         tasks = [*self._in_flight.values(), *self._deletions.values()]
