@@ -9,7 +9,12 @@ Operator, alternating, in one run:
                 Succeeded (operator, Spark Operator, pods and job, everything included);
   ratio       — transform / handwritten, medians (goal ≤ 1.05);
   submit      — time from apply until the SparkApplication exists (goal < 1 s);
-  driver      — time from apply until the Transform's driver pod is Running.
+  driver      — time from apply until the Transform's driver pod is Running;
+  segments    — for both sides, where the time goes: apply → driver pod Running (start), Running →
+                the driver pod Succeeded (run: the job itself), → reported done (tail: the Spark
+                Operator's COMPLETED, or the Transform's Succeeded).
+Rounds alternate which side goes first (a run right after another finds the node still busy with
+the last one's pods).
 The last line printed is one JSON object with every figure.
 
     .venv/bin/python -m bench.transform_overhead [--records 200000] [--rounds 3]
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 import threading
@@ -83,9 +89,40 @@ def watch_until(api: client.ApiClient, namespace: str, plural: str, group: str, 
     raise TimeoutError(f"{plural}/{name} did not finish")
 
 
-def run_handwritten(api: client.ApiClient, info: stack.StackInfo, namespace: str, work: Path, topic: str) -> float:
+class DriverWatch:
+    """When a run's driver pod is first Running and when it has Succeeded, seconds after `started`
+    (set just before the apply); a watch opened before the apply, as `kubectl wait` would."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, selector: str) -> None:
+        self.running = self.done = math.nan
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, args=(api, namespace, selector), daemon=True)
+        self._thread.start()
+        time.sleep(0.5)  # the watch is open before the apply
+
+    def _watch(self, api: client.ApiClient, namespace: str, selector: str) -> None:
+        for event in watch.Watch().stream(
+            client.CoreV1Api(api).list_namespaced_pod, namespace, label_selector=selector, timeout_seconds=600
+        ):
+            phase = event["object"].status.phase
+            if phase in ("Running", "Succeeded") and math.isnan(self.running):
+                self.running = time.monotonic() - self.started
+            if phase in ("Succeeded", "Failed"):
+                self.done = time.monotonic() - self.started
+                return
+
+    def segments(self, total: float) -> dict[str, float]:
+        self._thread.join(5)
+        return {"start": self.running, "run": self.done - self.running, "tail": total - self.done}
+
+
+def run_handwritten(
+    api: client.ApiClient, info: stack.StackInfo, namespace: str, work: Path, topic: str
+) -> tuple[float, dict[str, float]]:
     """The SparkApplication a user writes for this job: script on a volume, the image's Kafka jars."""
     name = f"hw{uuid.uuid4().hex[:6]}"
+    driver = DriverWatch(api, namespace, f"sparkoperator.k8s.io/app-name={name},spark-role=driver")
+    driver.started = time.monotonic()
     jars = ",".join(f"local:///opt/fibers/jars/{p.name}" for p in sorted(Path(info.spark_kafka_jars).glob("*.jar")))
     mount = {"name": "bench", "mountPath": "/bench"}
     resources = {"cores": 1, "coreRequest": "200m", "memory": "512m", "volumeMounts": [mount]}
@@ -118,10 +155,12 @@ def run_handwritten(api: client.ApiClient, info: stack.StackInfo, namespace: str
             raise RuntimeError(json.dumps(obj.get("status")))
         return state == "COMPLETED"
 
-    return watch_until(api, namespace, "sparkapplications", "sparkoperator.k8s.io", name, completed)
+    total = time.monotonic() - driver.started
+    total += watch_until(api, namespace, "sparkapplications", "sparkoperator.k8s.io", name, completed)
+    return total, driver.segments(total)
 
 
-def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[float, float, float]:
+def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[float, float, dict[str, float]]:
     custom = client.CustomObjectsApi(api)
     name = f"t{uuid.uuid4().hex[:6]}"
     body = {
@@ -135,18 +174,6 @@ def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[fl
         },
     }
     submitted: list[float] = []
-    driver_running: list[float] = []
-
-    def watch_driver() -> None:
-        for event in watch.Watch().stream(
-            client.CoreV1Api(api).list_namespaced_pod,
-            namespace,
-            label_selector=f"fibers.dev/transform={name},spark-role=driver",
-            timeout_seconds=300,
-        ):
-            if event["object"].status.phase == "Running":
-                driver_running.append(time.monotonic() - started)
-                return
 
     def watch_submission() -> None:
         for _ in watch.Watch().stream(
@@ -164,10 +191,8 @@ def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[fl
     # Both ends are watched, as `kubectl wait` would: polling would add its own delay and load.
     submission = threading.Thread(target=watch_submission, daemon=True)
     submission.start()
-    driver = threading.Thread(target=watch_driver, daemon=True)
-    driver.start()
-    time.sleep(0.5)  # the watch is open before the apply
-    started = time.monotonic()
+    driver = DriverWatch(api, namespace, f"fibers.dev/transform={name},spark-role=driver")
+    started = driver.started = time.monotonic()
     custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "transforms", body)
     for event in watch.Watch().stream(
         custom.list_namespaced_custom_object,
@@ -182,9 +207,7 @@ def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[fl
         if status.get("phase") == "Succeeded":
             total = time.monotonic() - started
             submission.join(5)
-            driver.join(5)
-            nan = float("nan")
-            return total, submitted[0] if submitted else nan, driver_running[0] if driver_running else nan
+            return total, submitted[0] if submitted else math.nan, driver.segments(total)
         if status.get("phase") == "Failed":
             raise RuntimeError(json.dumps(status))
     raise TimeoutError(f"Transform {name} did not finish")
@@ -209,21 +232,31 @@ def main() -> int:
     say(f"producing {args.records} records to {topic}")
     produce(info.kafka_bootstrap, topic, args.records)
 
-    handwritten, transforms, submits, drivers = [], [], [], []
+    handwritten: list[float] = []
+    transforms: list[float] = []
+    submits: list[float] = []
+    parts: dict[str, list[dict[str, float]]] = {"handwritten": [], "transform": []}
+
+    def hand_written_run(round_: int) -> None:
+        total, segments = run_handwritten(api, info, namespace, work, topic)
+        handwritten.append(total)
+        parts["handwritten"].append(segments)
+        say(f"round {round_}: hand-written SparkApplication {total:.1f}s ({_segments(segments)})")
+
+    def transform_run(round_: int) -> None:
+        total, submitted, segments = run_transform(api, namespace, topic)
+        transforms.append(total)
+        submits.append(submitted)
+        parts["transform"].append(segments)
+        say(f"round {round_}: Transform {total:.1f}s (SparkApplication after {submitted:.2f}s; {_segments(segments)})")
+
     try:
         with operator_process(info, namespace, work / "operator.log"):
             time.sleep(3)
             for round_ in range(args.rounds):
-                handwritten.append(run_handwritten(api, info, namespace, work, topic))
-                say(f"round {round_ + 1}: hand-written SparkApplication {handwritten[-1]:.1f}s")
-                total, submitted, driver = run_transform(api, namespace, topic)
-                transforms.append(total)
-                submits.append(submitted)
-                drivers.append(driver)
-                say(
-                    f"round {round_ + 1}: Transform {total:.1f}s (SparkApplication after {submitted:.2f}s, "
-                    f"driver Running after {driver:.1f}s)"
-                )
+                order = (hand_written_run, transform_run) if round_ % 2 == 0 else (transform_run, hand_written_run)
+                for side in order:
+                    side(round_ + 1)
     finally:
         client.CoreV1Api(api).delete_namespace(namespace)
     results: dict[str, Any] = {
@@ -232,7 +265,14 @@ def main() -> int:
         "transform_seconds": [round(t, 1) for t in transforms],
         "wall_time_ratio": round(statistics.median(transforms) / statistics.median(handwritten), 3),
         "apply_to_sparkapplication_seconds": round(max(submits), 2),
-        "apply_to_driver_running_seconds": [round(d, 1) for d in drivers],
+        "apply_to_driver_running_seconds": [round(p["start"], 1) for p in parts["transform"]],
+        "segments_median_seconds": {
+            side: {key: round(statistics.median(p[key] for p in runs), 2) for key in ("start", "run", "tail")}
+            for side, runs in parts.items()
+        },
+        "segments_seconds": {
+            side: [{key: round(value, 2) for key, value in p.items()} for p in runs] for side, runs in parts.items()
+        },
     }
     results["goals"] = {
         "ratio_le_1.05": results["wall_time_ratio"] <= 1.05,
@@ -240,6 +280,10 @@ def main() -> int:
     }
     session.report(results)
     return 0
+
+
+def _segments(segments: dict[str, float]) -> str:
+    return ", ".join(f"{key} {value:.1f}s" for key, value in segments.items())
 
 
 if __name__ == "__main__":
