@@ -523,46 +523,6 @@ def test_configs_are_not_read_while_our_creates_are_under_way() -> None:
     assert asyncio.run(scenario()) == [True, False, True]
 
 
-def test_a_starting_resource_gets_its_first_status_then_no_progress_status_until_ready() -> None:
-    """In a wave of 500 most resources got three status writes (Creating while their create waited its
-    turn, Starting, Ready) where two tell the same story: after the first, progress waits
-    `ConnectPolicy.progress_status_every`; Ready is written at once."""
-
-    async def scenario() -> list[str]:
-        sync, kube, connect = _sync()
-        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
-        target = sync.targets["shop", "orders"]
-        target.status["topics"] = ["t"]  # topics known: no topic look-up due
-        target.first_seen -= sync.policy.startup_status_every + 0.1  # it waited its turn
-        written: list[str] = []
-        replace = kube.replace_status
-
-        async def record(plural: str, namespace: str, name: str, status: dict[str, Any], previous: Any) -> None:
-            written.append(next(c["reason"] for c in status["conditions"] if c["type"] == "Ready"))
-            await replace(plural, namespace, name, status, previous)
-
-        kube.replace_status = record  # type: ignore[method-assign]
-        steps: list[tuple[dict[str, ConnectorView], float]] = [
-            ({}, 0.0),  # creates it: its first status (Creating), as it has waited
-            # listed, its task not started yet, 3.5 s after that write: a progress status, held back
-            ({"orders": _starting("orders")}, sync.policy.startup_status_every + 0.5),
-            ({"orders": _running("orders", config=target.config)}, 0.0),  # running: Ready at once
-        ]
-        for listing, aged in steps:
-            if aged:
-                sync._written[target.key] -= aged
-
-            async def answer(*, configs: bool = True, listed: Any = listing) -> dict[str, ConnectorView]:
-                return dict(listed)
-
-            connect.list_expanded = answer  # type: ignore[method-assign]
-            sync._finished_at.clear()
-            await _sync_once(sync)
-        return written
-
-    assert asyncio.run(scenario()) == ["Creating", "Running"]
-
-
 def test_a_cluster_saturated_with_our_reconciles_is_listed_less_often_until_they_drain() -> None:
     """With more reconciles in flight than calls go to Connect at once, a listing cannot start a create
     sooner, it only reports Ready sooner: it waits `saturated_listing_spacing`; as the queue drains to

@@ -56,14 +56,9 @@ class ConnectPolicy:
     create_settle: float = 10.0
 
     # ----- startup status --------------------------------------------------------------------------
-    # A new resource's first status is written once it has waited this long (Ready and failures at once):
-    # a wave of 500 creates spared ~300 status writes this way.
+    # A new resource's first status and its progress (Creating → Starting, task counts) are written at
+    # most this often; Ready and failures at once. A wave of 500 creates spared ~300 status writes this way.
     startup_status_every: float = 3.0
-    # Its later progress (Creating → Starting, task counts) at most this often. In a wave of 500, most
-    # resources got Creating (their create waiting its turn), Starting and Ready: three writes, each ~3 ms
-    # of the API server's CPU and a watch event for the operator, on the cores Connect's creates need,
-    # where Creating then Ready tell the same story (audit log: 1,447 status writes → ~1,000).
-    progress_status_every: float = 10.0
 
     # ----- topics (asked of Connect until a connector reports some) --------------------------------
     topics_after_create: float = 2.0  # first ask after a create: a connector reports topics once it has written

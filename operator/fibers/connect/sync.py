@@ -959,8 +959,8 @@ class ConnectSync:
         if (
             before.get("reason", "Creating") in STARTUP_REASONS  # a new resource has no Ready condition yet
             and after.get("reason") in STARTUP_REASONS
+            and time.monotonic() - self._written.get(target.key, target.first_seen) < self.policy.startup_status_every
             and not offsets_changed
-            and self._progress_held(target)
         ):
             return  # the resource is still converging, so a later sync writes what this one skipped
         await self.kube.replace_status(PLURAL, target.namespace, target.name, status, target.status)
@@ -975,14 +975,6 @@ class ConnectSync:
             elif after.get("reason") in FAILURE_REASONS:
                 log.warning("not ready: %s", after.get("message", ""), extra=ctx)
                 self._event(target, after.get("reason", "NotReady"), after.get("message", ""), warning=True)
-
-    def _progress_held(self, target: Target) -> bool:
-        """Whether a starting resource's progress status waits: its first until it has waited
-        `startup_status_every`, each later one until `progress_status_every` after the last write."""
-        written = self._written.get(target.key)
-        if written is None:
-            return time.monotonic() - target.first_seen < self.policy.startup_status_every
-        return time.monotonic() - written < self.policy.progress_status_every
 
     async def aclose(self) -> None:
         tasks = [*self._in_flight.values(), *self._deletions.values()]
