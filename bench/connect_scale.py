@@ -139,9 +139,9 @@ class Tally:
 
 
 # Between phases: the next starts once the stack's processes have been quiet (together below QUIET_CORES
-# of CPU) for QUIET_SECONDS in a row, or after QUIET_MAX_SECONDS. A fixed 5 s pause left the phase after a
-# cleanup of 1,000 connectors and topics sharing the cores with Connect's and Kafka's after-work (one such
-# operator phase took 52 s where the one before it, after a cleanup of 50, took 46 s).
+# of CPU) for QUIET_SECONDS in a row, or after QUIET_MAX_SECONDS. A fixed pause (5 s until issue 16's last
+# stop) cannot know how long Connect's and Kafka's after-work of a cleanup lasts (1,000 connectors and
+# their topics deleted); the waits are printed, 3-10 s at N=1,000 so far.
 QUIET_CORES = 0.25
 QUIET_SECONDS = 3
 QUIET_MAX_SECONDS = 120.0
