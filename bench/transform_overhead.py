@@ -92,15 +92,16 @@ def watch_until(api: client.ApiClient, namespace: str, plural: str, group: str, 
 
 
 class DriverWatch:
-    """When a run's driver pod is first Running and when it has Succeeded, seconds after `started`
-    (set just before the apply); a watch opened before the apply, as `kubectl wait` would."""
+    """When a run's driver pod is first Running and when its container has ended, seconds after `started`
+    (the moment the watch is open, just before the apply), as `kubectl wait` would see them."""
 
     def __init__(self, api: client.ApiClient, namespace: str, selector: str) -> None:
         self.running = self.done = math.nan
         self.started = time.monotonic()
         self._thread = threading.Thread(target=self._watch, args=(api, namespace, selector), daemon=True)
         self._thread.start()
-        time.sleep(0.5)  # the watch is open before the apply
+        time.sleep(0.5)  # the watch is open before the apply, which follows at once
+        self.started = time.monotonic()
 
     def _watch(self, api: client.ApiClient, namespace: str, selector: str) -> None:
         for event in watch.Watch().stream(
@@ -127,7 +128,6 @@ def run_handwritten(
     """The SparkApplication a user writes for this job: script on a volume, the image's Kafka jars."""
     name = f"hw{uuid.uuid4().hex[:6]}"
     driver = DriverWatch(api, namespace, f"sparkoperator.k8s.io/app-name={name},spark-role=driver")
-    driver.started = time.monotonic()
     jars = ",".join(f"local:///opt/fibers/jars/{p.name}" for p in sorted(Path(info.spark_kafka_jars).glob("*.jar")))
     mount = {"name": "bench", "mountPath": "/bench"}
     resources = {"cores": 1, "coreRequest": "200m", "memory": "512m", "volumeMounts": [mount]}
@@ -160,8 +160,8 @@ def run_handwritten(
             raise RuntimeError(json.dumps(obj.get("status")))
         return state == "COMPLETED"
 
+    watch_until(api, namespace, "sparkapplications", "sparkoperator.k8s.io", name, completed)
     total = time.monotonic() - driver.started
-    total += watch_until(api, namespace, "sparkapplications", "sparkoperator.k8s.io", name, completed)
     return total, driver.segments(total)
 
 
@@ -197,7 +197,7 @@ def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[fl
     submission = threading.Thread(target=watch_submission, daemon=True)
     submission.start()
     driver = DriverWatch(api, namespace, f"fibers.dev/transform={name},spark-role=driver")
-    started = driver.started = time.monotonic()
+    started = driver.started
     custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "transforms", body)
     for event in watch.Watch().stream(
         custom.list_namespaced_custom_object,

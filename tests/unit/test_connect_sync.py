@@ -539,12 +539,11 @@ def test_a_cluster_saturated_with_our_reconciles_is_listed_less_often_until_they
         for i in range(sync.policy.parallel_calls + 1):
             await sync.observe(None, _body(f"c{i}"))  # type: ignore[arg-type]
         await sync._sync_cluster(CLUSTER, list(sync.targets.values()))
-        now = time.monotonic()
-        saturated = sync._wait(CLUSTER, now) - (sync._last_sync[CLUSTER] - now)
+        saturated = sync._interval(CLUSTER)  # the time from this sync to the next listing
         sync._wake.clear()
         release.set()
         await asyncio.gather(*sync._in_flight.values())
-        drained = sync._wait(CLUSTER, now) - (sync._last_sync[CLUSTER] - now)
+        drained = sync._interval(CLUSTER)
         return (
             saturated,
             drained,
