@@ -94,6 +94,7 @@ def run_to_mongodb(
     )
     transforms.wait_condition(name, "True", "Succeeded", timeout=300)
     assert mongo[name]["orders"].count_documents({}) == records
+    assert transforms.status(name)["currentRun"]["recordsOut"] == records  # counted by the executors as they wrote
     run = transforms.status(name)["currentRun"]["name"]
     pods = spark_pods(kube, namespace, run)
     assert {p.metadata.labels["spark-role"] for p in pods} == {"driver", "executor"}

@@ -123,6 +123,46 @@ def test_csv_input_with_options_and_no_output_only_counts(spark: SparkSession, t
     assert job.run(spark, JobSpec.from_dict(spec)).records_out == 1
 
 
+def spark_stage_names(spark: SparkSession, group: str) -> list[str]:
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+    stages = [tracker.getStageInfo(s) for job_info in jobs if job_info for s in job_info.stageIds]
+    return [stage.name for stage in stages if stage]
+
+
+def test_a_batch_run_counts_its_rows_as_it_writes_them(spark: SparkSession, tmp_path: Path) -> None:
+    """No Spark job of its own to count the result (one more pass over it, ~1.5 s of a 20 s run)."""
+    write_json_lines(tmp_path / "in", ORDERS)
+    group = f"run-{uuid.uuid4().hex[:8]}"
+    spark.sparkContext.setJobGroup(group, "one batch run")
+    try:
+        result = job.run(spark, JobSpec.from_dict(spec_dict(tmp_path)))
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    stages = spark_stage_names(spark, group)
+
+    assert result.records_out == 2
+    assert stages and not [name for name in stages if name.startswith("count at")], stages
+
+
+def test_an_observed_count_that_never_arrives_is_counted_instead(spark: SparkSession) -> None:
+    frame = spark.range(5)
+    counted = outputs.ObservedCount(frame)
+    counted.frame.foreachPartition(lambda rows: None)  # a plain RDD action: Spark delivers no observed metrics
+
+    assert counted.rows(wait=0.2) == 5
+
+
+def test_kafka_writes_go_through_v2_only_inside_the_block(spark: SparkSession) -> None:
+    key = "spark.sql.sources.useV1SourceList"
+    before = spark.conf.get(key)
+    assert "kafka" in str(before).split(",")
+    with outputs.kafka_writes_through_v2(spark):
+        inside = str(spark.conf.get(key)).split(",")
+    assert "kafka" not in inside and "parquet" in inside
+    assert spark.conf.get(key) == before
+
+
 def test_entrypoint_function_gets_the_views(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,13 +1,15 @@
 """The Transform job's outputs: the result written to its sink (Kafka, files, MongoDB) and the streamBack topic.
 
-Every kind of sink is chosen here, for both modes: `write_outputs` writes a batch run's cached result,
-`start_query` starts a streaming run's query on the same sinks, `RowCounter` counts what the query
-writes and `stop_query` lets a running micro-batch finish first. MongoDB is written from the Spark
-tasks through pymongo, one client per partition, in batches small enough for FerretDB.
+Every kind of sink is chosen here, for both modes: `write_outputs` writes a batch run's result and
+counts its rows as they are written, `start_query` starts a streaming run's query on the same sinks,
+`RowCounter` counts what the query writes and `stop_query` lets a running micro-batch finish first.
+MongoDB is written from the Spark tasks through pymongo, one client per partition, in batches small
+enough for FerretDB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -16,12 +18,12 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
 from fibers.jobs import avro
 from fibers.jobs.mongo import MONGO_TIMEOUT_MS, env_value
-from fibers.jobs.spec import AvroRef, FilesSink, JobSpec, KafkaSink, Sink, SpecError
+from fibers.jobs.spec import AvroRef, FilesSink, JobSpec, KafkaSink, MongoSink, Sink, SpecError
 from fibers.redact import redact
 
 if TYPE_CHECKING:
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fibers.jobs.outputs")
 
 MONGO_BATCH = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
+# Seconds a finished write waits for its observed row count. Spark hands it over from its listener bus
+# (~0.1 s after the write here); past this the rows are counted by a job of their own instead.
+OBSERVED_COUNT_WAIT = 10.0
 
 
 def kafka_records(frame: DataFrame, key_column: str | None, avro_ref: AvroRef | None = None) -> DataFrame:
@@ -51,31 +56,105 @@ def _quoted(column: str) -> str:
     return "`" + column.replace("`", "``") + "`"
 
 
-def write_outputs(spec: JobSpec, result: DataFrame) -> None:
-    """Batch: write the result to the output, then to the streamBack topic (both read the cached result)."""
-    if spec.output is not None:
-        _write_batch(spec, spec.output, result)
-        log.info("output written", extra={"sink": type(spec.output).__name__})
-    if spec.stream_back_topic is not None:
-        _write_batch(spec, KafkaSink(spec.stream_back_topic), result)
-        log.info("result streamed back", extra={"topic": spec.stream_back_topic})
+def write_outputs(spec: JobSpec, result: DataFrame) -> tuple[int, int | None]:
+    """Batch: write the result to the output, then to the streamBack topic; returns the result's rows and
+    the rows streamed back (None without streamBack).
+
+    Each write counts its rows as it goes, in the same Spark job: a count of its own would be another job
+    over the result (~1.5 s of a 20 s run). With both sinks the result is cached, so the SQL runs once;
+    with neither, counting it is the whole run.
+    """
+    if spec.output is None and spec.stream_back_topic is None:
+        return result.count(), None
+    both = spec.output is not None and spec.stream_back_topic is not None
+    frame = result.cache() if both else result
+    records: int | None = None
+    streamed_back: int | None = None
+    try:
+        if spec.output is not None:
+            records = _write_batch(spec, spec.output, frame)
+            log.info("output written", extra={"sink": type(spec.output).__name__, "records": records})
+        if spec.stream_back_topic is not None:
+            streamed_back = _write_batch(spec, KafkaSink(spec.stream_back_topic), frame)
+            log.info("result streamed back", extra={"topic": spec.stream_back_topic, "records": streamed_back})
+    finally:
+        if both:
+            frame.unpersist()
+    return cast(int, streamed_back if records is None else records), streamed_back
 
 
-def _write_batch(spec: JobSpec, sink: Sink, result: DataFrame) -> None:
-    if isinstance(sink, KafkaSink):
-        writer = kafka_records(result, sink.key_column, sink.avro).write.format("kafka").mode("append")
-        writer.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic).save()
-    elif isinstance(sink, FilesSink):
-        result.write.format(sink.format).options(**sink.options).mode(sink.mode or "overwrite").save(sink.path)
-    else:
+def _write_batch(spec: JobSpec, sink: Sink, result: DataFrame) -> int:
+    """Write `result` to one sink; returns the rows written."""
+    if isinstance(sink, MongoSink):
         uri = env_value(sink.uri_env)  # read here: executors of a cluster may not have the variable
-        result.foreachPartition(mongo_partition_writer(uri, sink.database, sink.collection, sink.id_column))
+        written = result.sparkSession.sparkContext.accumulator(0)
+        write = mongo_partition_writer(uri, sink.database, sink.collection, sink.id_column, written.add)
+        result.foreachPartition(write)
+        return int(written.value)
+    counted = ObservedCount(result)
+    if isinstance(sink, KafkaSink):
+        writer = kafka_records(counted.frame, sink.key_column, sink.avro).write.format("kafka").mode("append")
+        writer = writer.option("kafka.bootstrap.servers", cast(str, spec.bootstrap_servers)).option("topic", sink.topic)
+        with kafka_writes_through_v2(result.sparkSession):
+            writer.save()
+    else:
+        writer = counted.frame.write.format(sink.format).options(**sink.options)
+        writer.mode(sink.mode or "overwrite").save(sink.path)
+    return counted.rows()
+
+
+class ObservedCount:
+    """The rows of a frame, counted by the action that runs it (Spark's observed metrics) rather than by a
+    job of their own.
+
+    Spark delivers the count once an action on `frame` has succeeded as a Dataset action; pyspark's
+    `Observation.get` would wait for ever if it never comes (a plain RDD action, such as
+    foreachPartition, delivers nothing), so `rows` waits a bounded time and then counts instead.
+    """
+
+    def __init__(self, result: DataFrame) -> None:
+        self._result = result
+        self._observation = Observation()
+        self.frame = result.observe(self._observation, F.count(F.lit(1)).alias("rows"))
+
+    def rows(self, wait: float = OBSERVED_COUNT_WAIT) -> int:
+        future = self._observation._jo.future()  # type: ignore[union-attr]  # set by observe()
+        deadline = time.monotonic() + wait
+        while not future.isCompleted():
+            if time.monotonic() > deadline:
+                log.warning("no observed row count from Spark; counting the result again", extra={"waited": wait})
+                return self._result.count()
+            time.sleep(0.02)
+        return int(self._observation.get["rows"])
+
+
+@contextlib.contextmanager
+def kafka_writes_through_v2(spark: SparkSession) -> Iterator[None]:
+    """Batch writes to Kafka through Spark's DataSource V2 path while the block runs.
+
+    By default (`spark.sql.sources.useV1SourceList` names kafka) Spark writes a Kafka batch through its
+    V1 path, which runs the write as an RDD job of its own: the write succeeds but observed metrics never
+    arrive. The V2 path writes the same records with the same writer (as streaming queries do) inside the
+    Dataset action, so they do. Reads are not affected: a frame's source is fixed when it is loaded.
+    """
+    key = "spark.sql.sources.useV1SourceList"
+    before = cast(str, spark.conf.get(key))
+    spark.conf.set(key, ",".join(s for s in before.split(",") if s.strip().lower() != "kafka"))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
 
 
 def mongo_partition_writer(
-    uri: str, database: str, collection: str, id_column: str | None
+    uri: str,
+    database: str,
+    collection: str,
+    id_column: str | None,
+    on_written: Callable[[int], object] | None = None,
 ) -> Callable[[Iterator[Row]], None]:
-    """What each Spark task runs: one client per partition, documents sent in batches."""
+    """What each Spark task runs: one client per partition, documents sent in batches; `on_written` gets
+    the partition's count (an accumulator's `add`)."""
 
     def write(rows: Iterator[Row]) -> None:
         first = next(rows, None)
@@ -87,13 +166,15 @@ def mongo_partition_writer(
             client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
             try:
                 documents = (bson_ready(row.asDict(recursive=True)) for row in itertools.chain([first], rows))
-                store_documents(client[database][collection], documents, id_column)
+                stored = store_documents(client[database][collection], documents, id_column)
             finally:
                 client.close()
         except Exception as exc:
             # Spark logs a worker's traceback itself (executor and driver logs), out of _fail's reach, and
             # pymongo names what it takes for a host: a URI that is not one would show whole.
             raise MongoWriteError(redact(f"{type(exc).__name__}: {exc}", [uri])) from None
+        if on_written is not None:
+            on_written(stored)
 
     return write
 

@@ -82,17 +82,10 @@ def load_entrypoint(entrypoint: str) -> Entrypoint:
 
 
 def run(spark: SparkSession, spec: JobSpec) -> JobResult:
-    """One batch: the result is cached and counted once, so the writes do not run the SQL again."""
+    """One batch: the SQL over the inputs, written to the sinks, which count the rows as they write them."""
     started = time.monotonic()
     views = build_views(spark, spec)
-    result = transform(spark, spec, views).cache()
-    try:
-        records = result.count()
-        log.info("result computed", extra={"records": records})
-        write_outputs(spec, result)
-    finally:
-        result.unpersist()
-    streamed_back = records if spec.stream_back_topic is not None else None
+    records, streamed_back = write_outputs(spec, transform(spark, spec, views))
     rows_in, offsets = input_statistics(spark, spec, views) if spec.lineage else (None, None)
     return JobResult(records, streamed_back, time.monotonic() - started, rows_in, offsets)
 
