@@ -50,7 +50,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from bench.machine import Run, cpu_seconds, dies_with_parent, free_port, rss_mib, say, wait
+from bench.machine import Run, cpu_seconds, dies_with_parent, free_port, rss_mib, say, wait, wait_quiet
 from fibers_stack import crds, platform_resources
 
 WITHOUT_KUBERNETES = Path(__file__).resolve().parents[1] / "tools" / "without-kubernetes"
@@ -147,15 +147,11 @@ QUIET_SECONDS = 3
 QUIET_MAX_SECONDS = 120.0
 
 
-def wait_quiet(pids: dict[str, int]) -> float:
+def stack_quiet(pids: dict[str, int]) -> float:
     """Wait until the stack is quiet (see QUIET_CORES); the seconds waited."""
-    started = time.monotonic()
-    calm = 0
-    while calm < QUIET_SECONDS and time.monotonic() - started < QUIET_MAX_SECONDS:
-        before = sum(cpu_seconds(pid) for pid in pids.values())
-        time.sleep(1.0)
-        calm = calm + 1 if sum(cpu_seconds(pid) for pid in pids.values()) - before < QUIET_CORES else 0
-    return time.monotonic() - started
+    return wait_quiet(
+        lambda: sum(cpu_seconds(pid) for pid in pids.values()), QUIET_CORES, QUIET_SECONDS, QUIET_MAX_SECONDS
+    )
 
 
 class Phase:
@@ -490,7 +486,7 @@ def main() -> int:
                 # Kafka to finish (rebalances, topic deletions), then weigh on both alike.
                 phases = (floor_phase, operator_phase) if round_ % 2 == 0 else (operator_phase, floor_phase)
                 for phase in phases:
-                    say(f"N={n}: the stack was quiet after {wait_quiet(pids):.0f}s")
+                    say(f"N={n}: the stack was quiet after {stack_quiet(pids):.0f}s")
                     phase(round_)
             figures = tally.figures
             figures["ready_seconds"] = [round(r, 1) for r in tally.readies]

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,27 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has been busy (every process, pods included), from /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(busy_seconds: Callable[[], float], cores: float, seconds: int, limit: float = 120.0) -> float:
+    """Wait until `busy_seconds` (CPU seconds so far) grows by less than `cores` per second for `seconds`
+    seconds in a row, or `limit` seconds have passed; the seconds waited.
+
+    A fixed pause cannot know how long the after-work of the last phase lasts (a cleanup, pods ending).
+    """
+    started = time.monotonic()
+    calm = 0
+    while calm < seconds and time.monotonic() - started < limit:
+        before = busy_seconds()
+        time.sleep(1.0)
+        calm = calm + 1 if busy_seconds() - before < cores else 0
+    return time.monotonic() - started
 
 
 def say(message: str) -> None:

@@ -15,8 +15,9 @@ Operator, alternating, in one run:
                 Operator's COMPLETED, or the Transform's Succeeded). The kubelet notices a container
                 starting or ending when it next relists them (every second), so start and run come in
                 steps of about a second on both sides.
-Rounds alternate which side goes first (a run right after another finds the node still busy with
-the last one's pods).
+Rounds alternate which side goes first, and each run starts once the machine is quiet (below
+QUIET_CORES of CPU for QUIET_SECONDS in a row; the wait is printed): a run right after another would
+find the node still busy with the last one's pods.
 The last line printed is one JSON object with every figure.
 
     .venv/bin/python -m bench.transform_overhead [--records 200000] [--rounds 3]
@@ -39,12 +40,17 @@ from confluent_kafka import Producer
 from kubernetes import client, config, watch
 
 import fibers_stack as stack
-from bench.machine import Run, operator_process, say
+from bench.machine import Run, machine_cpu_seconds, operator_process, say, wait_quiet
 from fibers_stack import crds, namespaces
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "id INT, customer STRING, amount DOUBLE"
 SQL = "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer"
+# A run starts once the whole machine (the stack and its pods) has used less than QUIET_CORES of CPU
+# in each of QUIET_SECONDS seconds in a row (the idle stack uses 0.1-0.5), or after QUIET_MAX_SECONDS.
+QUIET_CORES = 0.6
+QUIET_SECONDS = 2
+QUIET_MAX_SECONDS = 60.0
 
 SCRIPT = f"""
 import sys
@@ -242,18 +248,26 @@ def main() -> int:
     submits: list[float] = []
     parts: dict[str, list[dict[str, float]]] = {"handwritten": [], "transform": []}
 
+    def quiet() -> str:
+        return f"after {wait_quiet(machine_cpu_seconds, QUIET_CORES, QUIET_SECONDS, QUIET_MAX_SECONDS):.0f}s quiet"
+
     def hand_written_run(round_: int) -> None:
+        waited = quiet()
         total, segments = run_handwritten(api, info, namespace, work, topic)
         handwritten.append(total)
         parts["handwritten"].append(segments)
-        say(f"round {round_}: hand-written SparkApplication {total:.1f}s ({_segments(segments)})")
+        say(f"round {round_}: hand-written SparkApplication {total:.1f}s ({_segments(segments)}; {waited})")
 
     def transform_run(round_: int) -> None:
+        waited = quiet()
         total, submitted, segments = run_transform(api, namespace, topic)
         transforms.append(total)
         submits.append(submitted)
         parts["transform"].append(segments)
-        say(f"round {round_}: Transform {total:.1f}s (SparkApplication after {submitted:.2f}s; {_segments(segments)})")
+        say(
+            f"round {round_}: Transform {total:.1f}s (SparkApplication after {submitted:.2f}s;"
+            f" {_segments(segments)}; {waited})"
+        )
 
     try:
         with operator_process(info, namespace, work / "operator.log"):
@@ -269,6 +283,7 @@ def main() -> int:
         "handwritten_seconds": [round(s, 1) for s in handwritten],
         "transform_seconds": [round(t, 1) for t in transforms],
         "wall_time_ratio": round(statistics.median(transforms) / statistics.median(handwritten), 3),
+        "round_ratios": [round(t / h, 3) for t, h in zip(transforms, handwritten, strict=True)],
         "apply_to_sparkapplication_seconds": round(max(submits), 2),
         "apply_to_driver_running_seconds": [round(p["start"], 1) for p in parts["transform"]],
         "segments_median_seconds": {
