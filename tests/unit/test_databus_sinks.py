@@ -158,3 +158,20 @@ def test_the_feeder_calls_a_callback_in_the_runtimes_order_and_rolls_back_a_fail
     assert journal.calls == [("start", 8), ("event", "3"), ("event", "bad"), ("rollback", 7)]
     assert feeder.rollbacks == [7] and feeder.checkpoint == 7
     feeder.stop()
+
+
+def test_a_fresh_thread_is_not_taken_for_an_abandoned_one_after_its_id_is_reused() -> None:
+    """Thread ids are reused once a thread exits: the replay's new thread often gets the abandoned
+    thread's id. Work is given up per submission, so every later batch still runs."""
+    driver = CallbackDriver(1, timeout=0.1)
+
+    def hang(index: int) -> str:
+        time.sleep(0.3)
+        return "late"
+
+    try:
+        assert isinstance(driver.each(hang)[0], CallbackTimeout)
+        time.sleep(0.5)  # the abandoned thread has returned and exited; its id is free again
+        assert [driver.each(lambda i: driver.abandoned())[0] for _ in range(20)] == [False] * 20
+    finally:
+        driver.close()

@@ -23,11 +23,24 @@ class CallbackTimeout(TimeoutError):
     """The callbacks did not return within the consumer's callback timeout."""
 
 
+class _Submission:
+    """One piece of work handed to one callback's thread; `abandoned` once the driver gave up on it.
+
+    Tracked per submission, not per thread id: ids are reused as soon as a thread exits, so the new
+    thread serving the replay would often be taken for the one given up on.
+    """
+
+    __slots__ = ("abandoned",)
+
+    def __init__(self) -> None:
+        self.abandoned = False
+
+
 class CallbackDriver:
     def __init__(self, callbacks: int, timeout: float) -> None:
         self.timeout = timeout
         self._pools = [self._new_pool(i) for i in range(callbacks)]
-        self._abandoned: set[int] = set()  # idents of callback threads given up on
+        self._current = threading.local()  # in a callback thread: the submission it is working on
 
     @staticmethod
     def _new_pool(index: int) -> concurrent.futures.ThreadPoolExecutor:
@@ -41,11 +54,14 @@ class CallbackDriver:
         its work stops at the next callback (`abandoned()`), and a new thread serves the replay; a hung
         callback never blocks the consumer.
         """
-        workers: list[list[int]] = [[] for _ in self._pools]
+        submissions = [_Submission() for _ in self._pools]
 
         def enter(index: int) -> T:
-            workers[index].append(threading.get_ident())
-            return work(index)
+            self._current.submission = submissions[index]
+            try:
+                return work(index)
+            finally:
+                self._current.submission = None
 
         futures = [pool.submit(enter, i) for i, pool in enumerate(self._pools)]
         deadline = time.monotonic() + self.timeout
@@ -57,7 +73,7 @@ class CallbackDriver:
                 if future.done():  # the callback itself raised a TimeoutError
                     outcomes.append(exc)
                     continue
-                self._abandoned.update(workers[index])
+                submissions[index].abandoned = True
                 self._pools[index].shutdown(wait=False, cancel_futures=True)
                 self._pools[index] = self._new_pool(index)
                 outcomes.append(CallbackTimeout(f"callbacks took over {self.timeout:g}s"))
@@ -75,7 +91,8 @@ class CallbackDriver:
 
     def abandoned(self) -> bool:
         """True in a callback thread the driver gave up on: its work must not go on (the replay does)."""
-        return threading.get_ident() in self._abandoned
+        submission = getattr(self._current, "submission", None)
+        return submission is not None and submission.abandoned
 
     def close(self) -> None:
         for pool in self._pools:
