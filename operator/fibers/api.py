@@ -14,7 +14,9 @@ DATABUS_PLURAL = "databusconsumers"
 # Groups resources into one named pipeline (`fibers pipeline NAME`, `kubectl get fibers -l fibers.dev/pipeline=NAME`).
 LABEL_PIPELINE = "fibers.dev/pipeline"
 
-FINALIZER = "fibers.dev/finalizer"  # kopf's, on Transforms and DatabusConsumers
+# kopf's, on DatabusConsumers (its deletion handler needs one). Transforms have none since their end needs
+# no operator; kopf removes the one earlier versions put on them (see fibers.transform.handlers).
+FINALIZER = "fibers.dev/finalizer"
 # Connect manages its own: the finalizer and the claim on the connector name arrive in one patch,
 # written just before the connector is created (see fibers.connect.sync).
 CONNECT_FINALIZER = "fibers.dev/delete-connector"
@@ -24,6 +26,8 @@ ANNOTATION_PAUSED = "fibers.dev/paused-reconciliation"
 ANNOTATION_RESTART = "fibers.dev/restart"
 ANNOTATION_OFFSETS = "fibers.dev/offsets"  # list | reset | alter (see fibers.connect.offsets)
 ANNOTATION_OFFSETS_FROM = "fibers.dev/offsets-from"  # the ConfigMap `alter` reads
+# "orphan": a Connect being deleted leaves its connector running (see fibers.connect.deletion).
+ANNOTATION_DELETION_POLICY = "fibers.dev/deletion-policy"
 
 
 def object_ref(kind: str, namespace: str, name: str, uid: str) -> dict[str, object]:

@@ -59,6 +59,7 @@ def settings_from_env() -> SyncSettings:
         default_cluster=os.environ.get("FIBERS_CONNECT_DEFAULT_CLUSTER") or None,
         lineage=lineage_from(transform_defaults_from_env()),
         kafka_bootstrap=os.environ.get("FIBERS_KAFKA_BOOTSTRAP") or None,
+        deletion_grace=float(os.environ.get("FIBERS_CONNECT_DELETION_GRACE", str(SyncSettings.deletion_grace))),
     )
 
 

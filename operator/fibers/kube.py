@@ -134,6 +134,10 @@ class Kube:
         """A fibers.dev object, or None when it does not exist."""
         return await self.read(custom(plural, namespace, name))
 
+    async def get_cluster_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped fibers.dev object, or None when it does not exist."""
+        return await self.read(custom(plural, None, name))
+
     async def list_cluster_objects(self, plural: str) -> list[dict[str, Any]]:
         """Every cluster-scoped fibers.dev object of a kind (SchemaRegistries, ConnectClusters)."""
         return await self.items(custom(plural))

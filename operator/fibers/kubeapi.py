@@ -8,11 +8,16 @@ dicts, as kopf hands them to handlers, so one shape serves both.
 The client is synchronous and thread-safe; async code calls it in worker threads. Credentials come
 from the pod's service account, else from the kubeconfig (`KUBECONFIG`, else `~/.kube/config`):
 client certificates, a bearer token or token file, or an exec plugin (cloud logins).
+
+Every failure reaches callers as `ApiError` (the server answered with an error) or `Unreachable` (no
+usable answer, or no credentials to ask with), so their handling of those two covers everything.
+`transient` and `retry_delay` say whether and when to try again.
 """
 
 from __future__ import annotations
 
 import base64
+import email.utils
 import json
 import os
 import ssl
@@ -22,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,21 +35,43 @@ from urllib.parse import quote
 import httpx
 import yaml
 
+from fibers.redact import truncate
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # projected service-account tokens rotate; the file is read again this often
 REQUEST_TIMEOUT = 60.0  # seconds; a call not answered by then is Unreachable (the API server is stuck)
 WATCH_SECONDS = 300  # the API server ends a watch after this long; the watcher opens it again from where it was
+EXEC_TIMEOUT = 60.0  # seconds; an exec plugin (a cloud login) still running by then is killed: Unreachable
+EXEC_STDERR_CHARS = 300  # how much of a failed plugin's stderr its error quotes (never its stdout: a token's place)
+
+# Retrying (`transient`, `retry_delay`). Statuses worth another try: overloaded (429), restarting or
+# failing inside (500, 503), or a proxy in front of it that is (502, 504). A 409 is not among them: a
+# conflict is resolved by the caller (read again, merge), not by waiting.
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_BASE_SECONDS = 0.5  # the first wait without a Retry-After; it doubles with each attempt …
+RETRY_CAP_SECONDS = 10.0  # … up to this, so a long outage is still tried a few times a minute
+# A Retry-After is the server's own word on its load and is followed, up to this: a proxy's
+# "come back in an hour" must not park a checkpoint or Lease write that long.
+RETRY_AFTER_MAX_SECONDS = 60.0
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
 class ApiError(Exception):
-    """The API server answered with an error status (404 not found, 409 conflict, …)."""
+    """The API server answered with an error status (404 not found, 409 conflict, …).
 
-    def __init__(self, status: int, reason: str, body: str = "") -> None:
-        self.status, self.reason, self.body = status, reason, body
+    `retry_after`: the seconds it asked the client to wait (a 429 or 503's Retry-After header, or its
+    Status's `details.retryAfterSeconds`); None when it did not say.
+    """
+
+    def __init__(self, status: int, reason: str, body: str = "", retry_after: float | None = None) -> None:
+        self.status, self.reason, self.body, self.retry_after = status, reason, body, retry_after
         super().__init__(f"{status} {reason}: {self.message}")
+
+    @classmethod
+    def of(cls, response: httpx.Response, body: str) -> ApiError:
+        return cls(response.status_code, response.reason_phrase, body, _retry_after(response.headers, body))
 
     @property
     def message(self) -> str:
@@ -55,7 +83,42 @@ class ApiError(Exception):
 
 
 class Unreachable(Exception):
-    """No answer at all: connection refused or reset, TLS failure, timeout."""
+    """No usable answer: connection refused or reset, TLS failure, timeout, an answer that is not JSON;
+    or no credentials to ask with (a token file or exec plugin that fails)."""
+
+
+def _retry_after(headers: httpx.Headers, body: str) -> float | None:
+    """Seconds to wait, from a Retry-After header (seconds or an HTTP date) or a Kubernetes Status body."""
+    if value := headers.get("Retry-After", "").strip():
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    try:
+        seconds = (json.loads(body or "{}").get("details") or {}).get("retryAfterSeconds")
+    except (ValueError, AttributeError):
+        return None
+    return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else None
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth trying again as it is: no answer, or an answer saying the server is busy or restarting."""
+    return isinstance(exc, Unreachable) or (isinstance(exc, ApiError) and exc.status in TRANSIENT_STATUSES)
+
+
+def retry_delay(
+    exc: BaseException, attempt: int, *, base: float = RETRY_BASE_SECONDS, cap: float = RETRY_CAP_SECONDS
+) -> float:
+    """Seconds before try `attempt + 1` (`attempt` counts from 0): the server's Retry-After when it gave one
+    (up to RETRY_AFTER_MAX_SECONDS), else `base` doubled per attempt, never above `cap`."""
+    if isinstance(exc, ApiError) and exc.retry_after is not None:
+        return min(exc.retry_after, RETRY_AFTER_MAX_SECONDS)
+    return float(min(cap, base * 2 ** min(attempt, 62)))  # the exponent bounded: no overflow on long outages
 
 
 @dataclass(frozen=True)
@@ -155,6 +218,20 @@ def path(api: str, plural: str, namespace: str | None = None, name: str | None =
     return "/".join(parts)
 
 
+def _json(content: str | bytes, response: httpx.Response) -> dict[str, Any]:
+    """A JSON object from the API server. Anything else (a proxy's HTML page, a cut-off line) is no
+    answer: Unreachable, saying what came but not repeating it (it may be a Secret's data)."""
+    try:
+        found = json.loads(content)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        kind = response.headers.get("Content-Type") or "no content type"
+        where = response.request.url.path
+        raise Unreachable(f"the answer to {where} is not a JSON object ({kind}, {len(content)} bytes)")
+    return found
+
+
 class Api:
     """Calls to one API server; JSON in, dicts out; errors as ApiError or Unreachable."""
 
@@ -176,17 +253,38 @@ class Api:
         self._lock = threading.Lock()
 
     def _bearer(self) -> str | None:
+        """The token to send; Unreachable when its file or plugin fails (tried again at the next call)."""
         with self._lock:
             stale = time.monotonic() - self._token_read > TOKEN_REREAD_SECONDS
             if self.config.token_file and stale:
-                self._token = Path(self.config.token_file).read_text().strip()
+                try:
+                    self._token = Path(self.config.token_file).read_text().strip()
+                except OSError as exc:
+                    raise Unreachable(f"cannot read the token file {self.config.token_file}: {exc.strerror}") from None
                 self._token_read = time.monotonic()
             elif self.config.exec_command and stale:
-                env = {**os.environ, **dict(self.config.exec_env)}
-                out = subprocess.run(self.config.exec_command, capture_output=True, text=True, env=env, check=True)
-                self._token = str(json.loads(out.stdout)["status"]["token"])
+                self._token = self._exec_token()
                 self._token_read = time.monotonic()
             return self._token
+
+    def _exec_token(self) -> str:
+        """Run the kubeconfig's exec plugin for a token. Its errors name the plugin and quote its stderr,
+        never its stdout, which is where a token would be."""
+        plugin = self.config.exec_command[0]
+        env = {**os.environ, **dict(self.config.exec_env)}
+        try:
+            out = subprocess.run(
+                self.config.exec_command, capture_output=True, text=True, env=env, timeout=EXEC_TIMEOUT
+            )
+        except (OSError, subprocess.SubprocessError) as exc:  # not installed, not executable, timed out
+            raise Unreachable(f"exec plugin {plugin} did not run: {type(exc).__name__}") from None
+        if out.returncode != 0:
+            said = truncate(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "", EXEC_STDERR_CHARS)
+            raise Unreachable(f"exec plugin {plugin} exited with {out.returncode}: {said or 'nothing on stderr'}")
+        try:
+            return str(json.loads(out.stdout)["status"]["token"])
+        except (ValueError, TypeError, KeyError):
+            raise Unreachable(f"exec plugin {plugin} printed no ExecCredential with status.token") from None
 
     def request(
         self,
@@ -211,8 +309,8 @@ class Api:
         except httpx.TransportError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
-            raise ApiError(response.status_code, response.reason_phrase, response.text)
-        return dict(response.json()) if response.content else {}
+            raise ApiError.of(response, response.text)
+        return _json(response.content, response) if response.content else {}
 
     def _auth(self, headers: dict[str, str]) -> dict[str, str]:
         if token := self._bearer():
@@ -236,10 +334,10 @@ class Api:
         try:
             with self._http.stream("GET", url, params=query, headers=self._auth({}), timeout=timeout) as response:
                 if response.status_code >= 400:
-                    raise ApiError(response.status_code, response.reason_phrase, response.read().decode())
+                    raise ApiError.of(response, response.read().decode())
                 for line in response.iter_lines():
                     if line:
-                        yield dict(json.loads(line))
+                        yield _json(line, response)
         except httpx.TransportError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}") from None
 

@@ -14,19 +14,19 @@ from contextlib import contextmanager
 import kopf
 
 from fibers.kube import describe
-from fibers.kubeapi import ApiError, Unreachable
+from fibers.kubeapi import ApiError, Unreachable, retry_delay, transient
 
 RETRY_SECONDS = 5.0  # how soon a handler tries again after the API server did not answer
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})  # overloaded, restarting, or behind a proxy that is
 
 
 @contextmanager
 def api_outage_is_temporary(delay: float = RETRY_SECONDS) -> Iterator[None]:
+    """`delay` unless the server said how long to wait (Retry-After on a 429 or 503)."""
     try:
         yield
-    except Unreachable as exc:  # connection refused or reset, timed out: no answer at all
-        raise kopf.TemporaryError(f"the Kubernetes API server did not answer: {describe(exc)}", delay=delay) from None
-    except ApiError as exc:
-        if exc.status not in TRANSIENT_STATUSES:
+    except (ApiError, Unreachable) as exc:
+        if not transient(exc):
             raise
-        raise kopf.TemporaryError(f"the Kubernetes API server is unavailable: {describe(exc)}", delay=delay) from None
+        what = "did not answer" if isinstance(exc, Unreachable) else "is unavailable"
+        wait = retry_delay(exc, 0, base=delay, cap=delay)
+        raise kopf.TemporaryError(f"the Kubernetes API server {what}: {describe(exc)}", delay=wait) from None

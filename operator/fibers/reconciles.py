@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 from fibers import memory
 from fibers.kube import describe
-from fibers.kubeapi import ApiError, Unreachable
+from fibers.kubeapi import transient
 from fibers.logs import Repeats
-from fibers.outages import TRANSIENT_STATUSES
 from fibers.upstream import Dependents
 from fibers.wake import sleep_until_woken
 
@@ -201,7 +200,7 @@ class Reconciles:
             failures = self._failures.get(key, 0) + 1
             self._failures[key] = failures
             delay = min(self.pacing.retry_min * 2 ** (failures - 1), self.pacing.retry_max)
-            outage = isinstance(exc, Unreachable) or (isinstance(exc, ApiError) and exc.status in TRANSIENT_STATUSES)
+            outage = transient(exc)
             message = describe(exc)
             if self._logged.due(key, message):
                 if outage:

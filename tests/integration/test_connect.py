@@ -19,7 +19,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 import fibers_stack as stack
-from fibers.api import ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
+from fibers.api import ANNOTATION_DELETION_POLICY, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
 from fibers_stack import StackInfo, platform_resources
 from tests.helpers import Resources, debezium_spec, read_topic, wait_for
@@ -261,6 +261,50 @@ def test_delete_removes_owned_connector_and_never_a_foreign_one(
     wait_for(lambda: not connects.exists(unique + "-claim"), timeout=60, what="resource gone")
     assert live_state(connect_http, foreign) == "RUNNING"
     connect_http.delete(f"/connectors/{foreign}")
+
+
+def test_a_connect_whose_connect_cluster_was_deleted_is_released_with_a_warning(
+    connects: Resources,
+    kube: ApiClient,
+    connect_http: httpx.Client,
+    source_file: Path,
+    unique: str,
+    stack_info: StackInfo,
+) -> None:
+    """The ConnectCluster goes first (a platform team's clean-up, an uninstall): there is nowhere left to
+    delete the connector from, so the Connect is released at once with a Warning naming the connector,
+    instead of holding its namespace for ever."""
+    cluster = f"gone-{unique}"
+    platform_resources.apply(kube, cluster, stack_info.connect_url)
+    try:
+        connects.create(unique, {**source_spec(source_file, unique), "cluster": cluster})
+        connects.wait_condition(unique, "True", "Running", timeout=60)
+    finally:
+        platform_resources.delete(kube, cluster)
+    connects.wait_condition(unique, "False", "ClusterNotFound", timeout=30)  # the operator saw the cluster go
+    connects.delete(unique)
+    wait_for(lambda: not connects.exists(unique), timeout=30, what="the Connect released without its cluster")
+    event = connects.wait_event(unique, "ConnectorLeft", timeout=10)
+    assert event["type"] == "Warning"
+    assert f"connector {unique}" in event["message"] and f"ConnectCluster {cluster}" in event["message"]
+    # Its Kafka Connect is the stack's, which still runs it: the Warning said so, and the test cleans up.
+    assert live_state(connect_http, unique) != "ABSENT"
+    connect_http.delete(f"/connectors/{unique}")
+
+
+def test_the_orphan_deletion_policy_releases_the_connect_and_leaves_its_connector(
+    connects: Resources, connect_http: httpx.Client, source_file: Path, unique: str
+) -> None:
+    connects.create(unique, source_spec(source_file, unique))
+    connects.wait_condition(unique, "True", "Running")
+    connects.patch(unique, {"metadata": {"annotations": {ANNOTATION_DELETION_POLICY: "orphan"}}})
+    connects.delete(unique)
+    wait_for(lambda: not connects.exists(unique), timeout=30, what="the Connect released")
+    event = connects.wait_event(unique, "ConnectorOrphaned", timeout=10)
+    assert event["type"] == "Normal" and f"connector {unique}" in event["message"]
+    time.sleep(2)  # a DELETE sent anyway would have landed by now
+    assert live_state(connect_http, unique) == "RUNNING"
+    connect_http.delete(f"/connectors/{unique}")
 
 
 def test_connect_series_return_to_their_baseline_after_many_creates_and_deletes(

@@ -308,6 +308,8 @@ def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(
     finished = parse_time(status["currentRun"]["finishedAt"]).timestamp()
     assert operator.metric("fibers_transform_last_success_timestamp_seconds", **labels) == [finished]
 
+    # No finalizer: its deletion (and its namespace's) never waits for the operator; the series go on DELETED.
+    assert not transforms.get(unique)["metadata"].get("finalizers")
     transforms.delete(unique)
     wait_for(
         lambda: not operator.metric("fibers_transform_success_count_total", **labels),

@@ -4,7 +4,9 @@
   create may still lack it; the sync must not create the connector a second time.
 - Every watch event reaches the sync, our own status writes included: only a change it acts on may
   cost work (a Secret read), and an event older than our claim must not make us forget the claim.
-- Deletion deletes only a connector the resource claimed, and releases the resource only after.
+- Deletion deletes only a connector the resource claimed, and releases the resource only after; or
+  without deleting it, when the resource asks so, its ConnectCluster is gone, or its Kafka Connect has not
+  answered for the grace period (`fibers.connect.deletion`): never held for ever.
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from typing import Any
 
 import pytest
 
-from fibers.api import ANNOTATION_CONNECT_CLUSTER, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
+from fibers.api import (
+    ANNOTATION_CONNECT_CLUSTER,
+    ANNOTATION_DELETION_POLICY,
+    ANNOTATION_OWNED_CONNECTOR,
+    CONNECT_FINALIZER,
+)
 from fibers.connect.clusters import ClusterSpec
+from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.registry import ClusterSettings, ConnectClusters, Known
 from fibers.connect.rest import ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.sync import ConnectSync, SyncSettings
+from fibers.kubeapi import ApiError
 
 CLUSTER = "local"  # a ConnectCluster
 
@@ -35,6 +44,8 @@ class RecordingKube:
         self.released: list[str] = []
         self.unannotated: list[tuple[str, tuple[str, ...]]] = []
         self.secret_reads = 0
+        self.events: list[tuple[str, str, bool]] = []  # reason, message, warning
+        self.cluster_objects: dict[str, dict[str, Any]] = {}  # ConnectClusters as the API server has them
 
     async def replace_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any]
@@ -55,8 +66,11 @@ class RecordingKube:
         self.secret_reads += 1
         return "s3cr3t"
 
-    def post_event_soon(self, *args: Any, **kwargs: Any) -> None:
-        pass
+    def post_event_soon(self, ref: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        self.events.append((reason, message, warning))
+
+    async def get_cluster_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        return self.cluster_objects.get(name)
 
 
 class LaggingConnect:
@@ -70,6 +84,7 @@ class LaggingConnect:
         self.taken: dict[str, dict[str, str]] = {}  # connectors that exist but are not listed yet: their configs
         self.listing: dict[str, ConnectorView] = {}
         self.puts: list[str] = []
+        self.delete_error: Exception | None = None  # what a DELETE raises (a Connect that is down, or refuses)
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
         return dict(self.listing)
@@ -93,6 +108,8 @@ class LaggingConnect:
         self.creates.append(name)
 
     async def delete(self, name: str) -> None:
+        if self.delete_error:
+            raise self.delete_error
         self.deletes.append(name)
 
     async def exists(self, name: str) -> bool:
@@ -114,12 +131,13 @@ def _body(name: str, **meta: Any) -> dict[str, Any]:
     }
 
 
-def _sync() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
+def _sync(policy: ConnectPolicy = POLICY) -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
     kube, connect = RecordingKube(), LaggingConnect()
     clusters = ConnectClusters(kube, ClusterSettings())  # type: ignore[arg-type]
     clusters.known[CLUSTER] = Known(ClusterSpec(CLUSTER, "http://connect:8083"), "uid", client=connect)  # type: ignore[arg-type]
+    kube.cluster_objects[CLUSTER] = {"metadata": {"name": CLUSTER}}
     clusters.namespace_labels["shop"] = {}
-    sync = ConnectSync(kube, SyncSettings(fast_interval=0.05), clusters)  # type: ignore[arg-type]
+    sync = ConnectSync(kube, SyncSettings(fast_interval=0.05), clusters, policy)  # type: ignore[arg-type]
     return sync, kube, connect
 
 
@@ -228,6 +246,131 @@ def test_deletion_deletes_only_a_claimed_connector_then_releases_the_resource() 
     assert connect.deletes == ["mine"]
     assert kube.released == ["mine"]
     assert connect.creates == []  # nothing is created for a resource being deleted
+
+
+QUICK_RETRY = ConnectPolicy(delete_retry=0.02)  # a deletion tries again every 20 ms
+
+
+def _deleting(name: str, **annotations: str) -> dict[str, Any]:
+    """A Connect that claimed its connector, being deleted."""
+    return _body(
+        name,
+        finalizers=[CONNECT_FINALIZER],
+        annotations={ANNOTATION_OWNED_CONNECTOR: name, ANNOTATION_CONNECT_CLUSTER: CLUSTER, **annotations},
+        deletionTimestamp="2026-11-22T08:00:00Z",
+    )
+
+
+async def _deletions_end(sync: ConnectSync, within: float) -> bool:
+    """Whether every deletion task ended (the resource released) within `within` seconds."""
+    sync._start_deletions()
+    done, _ = await asyncio.wait(list(sync._deletions.values()), timeout=within)
+    for task in done:
+        task.result()  # a deletion that failed outright fails the test
+    return len(done) == len(sync._deletions)
+
+
+def test_a_deletion_whose_connect_cluster_is_gone_releases_the_resource_with_a_warning() -> None:
+    """The ConnectCluster was deleted first (a platform team's cleanup, an uninstall): there is nowhere to
+    delete the connector from, and waiting would hold the resource and its namespace for ever."""
+
+    async def scenario() -> tuple[bool, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync(QUICK_RETRY)
+        del sync.clusters.known[CLUSTER], kube.cluster_objects[CLUSTER]
+        await sync.observe("MODIFIED", _deleting("orders"))  # type: ignore[arg-type]
+        return await _deletions_end(sync, within=2.0), kube, connect
+
+    ended, kube, connect = asyncio.run(scenario())
+    assert ended and kube.released == ["orders"]
+    assert connect.deletes == []
+    (left,) = [e for e in kube.events if e[0] == "ConnectorLeft"]
+    assert left[2] and "connector orders" in left[1] and f"ConnectCluster {CLUSTER} does not exist" in left[1]
+
+
+def test_a_connect_cluster_the_operator_has_not_seen_yet_is_not_taken_for_gone() -> None:
+    """At start-up Connects may be seen before ConnectClusters: the API server is asked, and a cluster it
+    has is unreachable for now (waited for), not missing."""
+
+    async def scenario() -> tuple[bool, RecordingKube]:
+        sync, kube, _ = _sync(QUICK_RETRY)
+        del sync.clusters.known[CLUSTER]  # not seen by the operator's watch yet, but it exists
+        await sync.observe("MODIFIED", _deleting("orders"))  # type: ignore[arg-type]
+        return await _deletions_end(sync, within=0.3), kube
+
+    ended, kube = asyncio.run(scenario())
+    assert not ended and kube.released == []
+    assert {e[0] for e in kube.events} == {"DeleteFailed"}
+
+
+def test_a_kafka_connect_that_never_answers_is_waited_for_during_the_grace_period_then_let_go() -> None:
+    async def scenario() -> tuple[float, RecordingKube]:
+        sync, kube, connect = _sync(QUICK_RETRY)
+        sync.settings.deletion_grace = 0.4
+        connect.delete_error = ConnectUnreachable("cannot reach Kafka Connect at http://connect:8083")
+        await sync.observe("MODIFIED", _deleting("orders"))  # type: ignore[arg-type]
+        started = time.monotonic()
+        assert await _deletions_end(sync, within=3.0)
+        return time.monotonic() - started, kube
+
+    took, kube = asyncio.run(scenario())
+    assert took >= 0.4  # not before the grace period ended
+    assert kube.released == ["orders"]
+    reasons = [e[0] for e in kube.events]
+    assert reasons[0] == "DeleteFailed" and reasons[-1] == "ConnectorLeft"
+    failed = next(e for e in kube.events if e[0] == "DeleteFailed")
+    assert "if it still does not answer in" in failed[1]  # the wait says when it ends
+    left = kube.events[-1]
+    assert left[2] and "has not answered for" in left[1] and "connector orders" in left[1]
+
+
+def test_the_orphan_policy_releases_at_once_and_leaves_the_connector() -> None:
+    async def scenario() -> tuple[bool, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync(QUICK_RETRY)
+        await sync.observe("MODIFIED", _deleting("orders", **{ANNOTATION_DELETION_POLICY: "orphan"}))  # type: ignore[arg-type]
+        return await _deletions_end(sync, within=2.0), kube, connect
+
+    ended, kube, connect = asyncio.run(scenario())
+    assert ended and kube.released == ["orders"]
+    assert connect.deletes == []  # left running on the cluster
+    assert [(reason, warning) for reason, _, warning in kube.events] == [("ConnectorOrphaned", False)]
+    assert "orders" in kube.events[0][1]
+
+
+def test_the_orphan_policy_set_on_a_stuck_deletion_releases_it() -> None:
+    """Kafka Connect answers but will not delete the connector: the annotation is the way out."""
+
+    async def scenario() -> tuple[bool, bool, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync(QUICK_RETRY)
+        connect.delete_error = ConnectError(500, "Request timed out")
+        await sync.observe("MODIFIED", _deleting("orders"))  # type: ignore[arg-type]
+        stuck = not await _deletions_end(sync, within=0.2)
+        await sync.observe("MODIFIED", _deleting("orders", **{ANNOTATION_DELETION_POLICY: "orphan"}))  # type: ignore[arg-type]
+        return stuck, await _deletions_end(sync, within=2.0), kube, connect
+
+    stuck, ended, kube, connect = asyncio.run(scenario())
+    assert stuck and ended and kube.released == ["orders"]
+    assert connect.deletes == []
+    failed = next(e for e in kube.events if e[0] == "DeleteFailed")
+    assert ANNOTATION_DELETION_POLICY in failed[1]  # the Event names the way out
+    assert kube.events[-1][0] == "ConnectorOrphaned"
+
+
+def test_a_release_the_api_server_refuses_is_tried_again_after_the_wait_not_at_once() -> None:
+    async def scenario() -> list[float]:
+        sync, kube, _ = _sync(ConnectPolicy(delete_retry=0.1))
+        attempts: list[float] = []
+
+        async def refused(*args: Any) -> None:
+            attempts.append(time.monotonic())
+            raise ApiError(503, "Service Unavailable")
+
+        kube.remove_finalizer = refused  # type: ignore[method-assign]
+        await sync.observe("MODIFIED", _deleting("orders", **{ANNOTATION_DELETION_POLICY: "orphan"}))  # type: ignore[arg-type]
+        assert not await _deletions_end(sync, within=0.35)
+        return attempts
+
+    attempts = asyncio.run(scenario())
+    assert 2 <= len(attempts) <= 5  # every 0.1 s, not as fast as the API server answers
 
 
 def _running(name: str, *, config: dict[str, str] | None = None, task_state: str = "RUNNING") -> ConnectorView:

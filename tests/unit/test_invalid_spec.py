@@ -198,6 +198,12 @@ def test_an_api_server_outage_is_a_one_line_retry_not_a_traceback(error: Excepti
     assert "Kubernetes API server" in str(caught.value)
 
 
+def test_an_api_server_asking_to_wait_is_retried_when_it_said() -> None:
+    with pytest.raises(kopf.TemporaryError) as caught, outages.api_outage_is_temporary(delay=3):
+        raise ApiError(429, "Too Many Requests", retry_after=7.0)
+    assert caught.value.delay == 7.0
+
+
 def test_other_api_errors_stay_what_they_are() -> None:
     with pytest.raises(ApiError), outages.api_outage_is_temporary():
         raise ApiError(404, "Not Found")

@@ -58,10 +58,10 @@ Each rule names the code that needs it; tests/integration/test_chart.py runs the
 exactly these permissions.
 */}}
 {{- define "fibers.operatorRules" -}}
-# kopf lists and watches the three kinds and patches its finalizer and progress annotations on
-# Transforms and DatabusConsumers; the Connect sync patches its own finalizer and claim annotation
-# and reads a Connect before releasing it; the reconcilers read them (a Transform also reads the
-# Connects named in its inputs).
+# kopf lists and watches the three kinds and patches its progress annotations on Transforms and
+# DatabusConsumers, and its finalizer on DatabusConsumers (it removes the one earlier versions put on
+# Transforms); the Connect sync patches its own finalizer and claim annotation and reads a Connect
+# before releasing it; the reconcilers read them (a Transform also reads the Connects named in its inputs).
 - apiGroups: [fibers.dev]
   resources: [connects, transforms, databusconsumers, schemas]
   verbs: [get, list, watch, patch]

@@ -5,8 +5,9 @@ Two kinds of setting pace the Connect reconciler:
 - Given by the deployment (environment, chart, command line), with their defaults where they are
   read (`fibers.controller`): `SyncSettings` in `fibers.connect.sync` — `interval`
   (FIBERS_CONNECT_SYNC_INTERVAL, chart `connect.syncIntervalSeconds`), `fast_interval`
-  (FIBERS_CONNECT_FAST_INTERVAL), `default_cluster` (FIBERS_CONNECT_DEFAULT_CLUSTER, `--connect-cluster`)
-  and the lineage settings — and `ClusterSettings.refresh` in `fibers.connect.registry`
+  (FIBERS_CONNECT_FAST_INTERVAL), `default_cluster` (FIBERS_CONNECT_DEFAULT_CLUSTER, `--connect-cluster`),
+  `deletion_grace` (FIBERS_CONNECT_DELETION_GRACE, chart `connect.deletionGraceSeconds`) and the lineage
+  settings — and `ClusterSettings.refresh` in `fibers.connect.registry`
   (FIBERS_CONNECT_CLUSTER_REFRESH, chart `connect.clusterRefreshSeconds`).
 - Learnt from benchmarks and fixed in code: `ConnectPolicy` below. Nothing outside sets them; the
   sync loop and the ConnectCluster registry hold one as `self.policy` (`POLICY` unless a test passes

@@ -124,6 +124,13 @@ class ConnectClusters:
             raise ClusterUnavailable(f"ConnectCluster {name}: {known.problem}")
         return known.client
 
+    async def gone(self, name: str) -> bool:
+        """The ConnectCluster does not exist. Asked of the API server when the watch has not shown it: at
+        start-up, Connects may be seen before ConnectClusters (kopf watches the kinds side by side)."""
+        if name in self.known:
+            return False
+        return not name or await self.kube.get_cluster_object(PLURAL, name) is None
+
     def plugins(self, name: str) -> list[dict[str, str]]:
         """The cluster's connector plugins as last probed ([] when not known yet)."""
         known = self.known.get(name)

@@ -28,6 +28,7 @@ import kopf
 from fibers import conditions, memory, metrics
 from fibers.api import (
     ANNOTATION_CONNECT_CLUSTER,
+    ANNOTATION_DELETION_POLICY,
     ANNOTATION_OFFSETS,
     ANNOTATION_OFFSETS_FROM,
     ANNOTATION_OWNED_CONNECTOR,
@@ -38,7 +39,7 @@ from fibers.api import (
     object_ref,
 )
 from fibers.conditions import READY, Condition, format_time, utcnow
-from fibers.connect import clusters, offsets, reconcile, validation
+from fibers.connect import clusters, deletion, offsets, reconcile, validation
 from fibers.connect.lineage import ConnectLineage
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.reconcile import OFFSET_STEPS, Outcome, Step, Target
@@ -125,6 +126,10 @@ class SyncSettings:
     default_cluster: str | None = None  # the ConnectCluster of Connects without spec.cluster (chart value)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace} of OpenLineage events; None: off
     kafka_bootstrap: str | None = None  # the connectors' Kafka, to name their topics in lineage events
+    # A Connect being deleted whose Kafka Connect has not answered for this long is released without its
+    # connector being deleted (`fibers.connect.deletion`): an outage of a few minutes (a rolling restart)
+    # is waited out, a cluster gone for good does not hold the resource and its namespace for ever.
+    deletion_grace: float = 600.0
 
 
 class ConnectSync:
@@ -292,15 +297,21 @@ class ConnectSync:
         """Delete the connector this resource created, then release the resource to Kubernetes.
 
         Until the connector is confirmed gone the finalizer stays: deleting the resource without its
-        connector would orphan it. A connector this resource did not create is never deleted.
+        connector would orphan it. A connector this resource did not create is never deleted. The wait
+        ends without deleting it (`deletion.decide`) when the resource asks so (deletion-policy orphan),
+        when its ConnectCluster no longer exists, or when its Kafka Connect has not answered for
+        `SyncSettings.deletion_grace` seconds, counted from this task's first attempt that found it so.
         """
         ctx = {"namespace": target.namespace, "resource": target.name}
         if in_flight := self._in_flight.get(target.key):
             await asyncio.wait([in_flight])  # a create under way lands first, so the DELETE cannot precede it
-        reported = ""
+        state, since, reported = deletion.ClusterState.ANSWERS, None, ""
         while True:
+            decision = self._deletion(target, state, since)
             try:
-                if target.owned:
+                if target.owned and decision.releases:
+                    self._let_go(target, decision)
+                elif target.owned:
                     assert target.spec is not None
                     await self._delete_connector(self.clusters.client(target.cluster), target.spec.connector)
                     log.info("connector deleted", extra={**ctx, "connector": target.spec.connector})
@@ -309,14 +320,66 @@ class ConnectSync:
                     await self.kube.remove_finalizer(PLURAL, target.namespace, target.name, CONNECT_FINALIZER)
                 return
             except Exception as exc:
+                releasing = decision.releases  # the release itself failed (its patch): tried again after the wait
+                state = await self._cluster_state(target.cluster, exc)
+                unreachable = state is deletion.ClusterState.UNREACHABLE
+                since = (since or time.monotonic()) if unreachable else None
+                decision = self._deletion(target, state, since)
+                if decision.releases and not releasing:
+                    continue  # let go now, not after another wait
                 message = redact(describe(exc), target.secrets)
-                log.warning("cannot delete the connector yet: %s", message, extra=ctx)
+                log.warning("cannot delete the connector yet: %s", message, extra={**ctx, "cluster": target.cluster})
                 if message != reported:
+                    then = decision.message or f"or annotate {ANNOTATION_DELETION_POLICY}={deletion.ORPHAN} to leave it"
                     self._event(
-                        target, "DeleteFailed", f"cannot delete the connector, retrying: {message}", warning=True
+                        target,
+                        "DeleteFailed",
+                        f"cannot delete the connector, retrying: {message}; {then}",
+                        warning=True,
                     )
                     reported = message
                 await asyncio.sleep(self.policy.delete_retry)
+
+    def _deletion(self, target: Target, state: deletion.ClusterState, since: float | None) -> deletion.Decision:
+        """`deletion.decide` for the resource as it is now: a deletion-policy annotation set while the
+        deletion waits counts at its next attempt."""
+        current = self.targets.get(target.key)
+        meta = current.meta if current and current.uid == target.uid else target.meta
+        return deletion.decide(
+            connector=target.spec.connector if target.spec else target.name,
+            cluster=target.cluster,
+            state=state,
+            unreachable_since=since,
+            now=time.monotonic(),
+            grace=self.settings.deletion_grace,
+            orphan=deletion.orphans(meta.get("annotations") or {}),
+        )
+
+    async def _cluster_state(self, cluster: str, exc: Exception) -> deletion.ClusterState:
+        """What a failed attempt to delete a connector says of its cluster."""
+        if isinstance(exc, ConnectUnreachable):
+            return deletion.ClusterState.UNREACHABLE
+        if not isinstance(exc, ClusterUnavailable):
+            return deletion.ClusterState.ANSWERS  # Connect (or the API server) answered: the error is retried
+        try:
+            gone = await self.clusters.gone(cluster)
+        except Exception:  # the API server did not say: not known to be gone, and no client either
+            gone = False
+        return deletion.ClusterState.MISSING if gone else deletion.ClusterState.UNREACHABLE
+
+    def _let_go(self, target: Target, decision: deletion.Decision) -> None:
+        """The resource goes without its connector being deleted: say so, where its user looks."""
+        warning = decision.verdict is deletion.Verdict.RELEASE
+        assert target.spec is not None
+        extra = {"namespace": target.namespace, "resource": target.name, "cluster": target.cluster}
+        # Logged too: in a namespace being deleted the API server refuses new Events.
+        log.log(
+            logging.WARNING if warning else logging.INFO,
+            "released without deleting the connector: %s",
+            decision.message,
+            extra={**extra, "connector": target.spec.connector, "reason": decision.reason},
+        )
+        self._event(target, decision.reason, decision.message, warning=warning)
 
     async def _delete_connector(self, client: ConnectClient, connector: str) -> None:
         await client.delete(connector)

@@ -5,6 +5,11 @@ changes (`fibers.watches`, wired in `fibers.controller`: a server-side label sel
 handler would list every SparkApplication in the cluster), when a resource its inputs reference
 changes, at the time it asked for (its next schedule slot, a submission deadline) and at the queue's
 slow resync (`fibers.reconciles`).
+
+There is no finalizer either: a Transform's SparkApplications go by their owner references, and its
+metric series and queue entry go when its DELETED event arrives. A deletion handler (kopf.on.delete)
+would need kopf's finalizer, and with it a running operator before the Transform, or its namespace,
+could be deleted. kopf removes the finalizer earlier versions added.
 """
 
 from __future__ import annotations
@@ -29,18 +34,12 @@ async def transform_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def transform_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Any change, its status's too: the Transforms and consumers reading its output look again."""
-    reconciles: Reconciles = memo.reconciles
-    reconciles.changed(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def transform_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Its series go with it (the SparkApplications go by their owner references).
-
-    Not optional: kopf's finalizer makes sure this runs (the per-object timer used to add it)."""
+async def transform_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Any change, its status's too: the Transforms and consumers reading its output look again.
+    Gone: its series and queue entry go with it (a missed DELETED leaves only series, until a restart)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     reconciles: Reconciles = memo.reconciles
-    reconciles.forget(KIND, namespace, name)
-    metrics.forget_transform(namespace, name)
+    if event.get("type") == "DELETED":
+        reconciles.forget(KIND, namespace, name)
+        metrics.forget_transform(namespace, name)
+    reconciles.changed(KIND, namespace, name)
