@@ -6,12 +6,18 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fibers import logs
 from fibers.redact import redact
+
+if TYPE_CHECKING:
+    from fibers.databus.config import ConsumerConfig
+    from fibers.kubeapi import Api
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -49,7 +55,7 @@ def _consume(args: argparse.Namespace) -> int:
     from fibers.databus import tuning
     from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, ConsumerConfig
     from fibers.databus.ownership import Members
-    from fibers.databus.runtime import Runtime
+    from fibers.databus.runtime import UNDECODABLE_EXIT, Runtime
     from fibers.kubeapi import Api
 
     raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")
@@ -63,21 +69,56 @@ def _consume(args: argparse.Namespace) -> int:
         logging.getLogger("fibers.databus").error(message)
         termination.write(message)
         return 2
+    pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV, "")  # in the StatefulSet's pods
     try:
         api = Api()
-        pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV, "")  # in the StatefulSet's pods
+    except Exception as exc:  # no credentials at all: nothing to report the stop on
+        termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
+        return _crashed(exc, config.secrets())
+    try:
         members = Members.of_pod(api, config.namespace, config.name, pod, uid) if pod else None
         runtime = Runtime(config, api, members=members, telemetry=bool(args.metrics_port))
         if runtime.telemetry:
             runtime.telemetry.serve(args.metrics_port)
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
-        return _crashed(exc, config.secrets())
+        return _halted(api, config, pod, _crashed(exc, config.secrets()))  # a restart would fail the same way
     tuning.settle_collector()
     try:
-        return runtime.run()
+        code = runtime.run()
     except Exception as exc:  # run() has written the termination message and the FAIL lineage event
         return _crashed(exc, config.secrets())
+    return _halted(api, config, pod, code) if code == UNDECODABLE_EXIT else code
+
+
+def _halted(api: Api, config: ConsumerConfig, pod: str | None, code: int) -> int:
+    """In a pod, a consumer stopped by what no restart can change (a record it may not pass, a callback
+    that does not load) says why on its checkpoint ConfigMap (the operator puts it on the resource's
+    condition) and waits to be replaced, instead of exiting into the same failure again: a crash loop.
+    A spec change, a seek or a restart nonce replaces the pod. Other stops exit: a restart is their
+    retry (a sink down longer than the retries, a relay topic not created yet). Outside a pod (tests,
+    benchmarks) it exits with `code` at once."""
+    if not pod:
+        return code
+    from fibers import termination
+    from fibers.databus.checkpoint_store import CheckpointStore
+    from fibers.databus.ownership import ordinal_of
+
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    ordinal = ordinal_of(pod)
+    store = CheckpointStore(
+        api, config.namespace, config.checkpoint_config_map, config.topics, instance=ordinal, labels=config.labels
+    )
+    store.stopping = stopped.is_set
+    try:
+        store.record_stop(termination.last or f"exited with code {code}")
+    except Exception as exc:  # the API server never answered: exiting is all that is left
+        logging.getLogger("fibers.databus").error("could not record the stop", extra={"error": str(exc)})
+        return code
+    logging.getLogger("fibers.databus").error("stopped; waiting to be replaced (the resource's condition says why)")
+    stopped.wait()
+    return code
 
 
 def _pipeline(args: argparse.Namespace) -> int:

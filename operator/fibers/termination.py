@@ -23,9 +23,14 @@ LIMIT = 4096  # bytes: the kubelet keeps at most this much of a termination mess
 POLICY = "FallbackToLogsOnError"  # the containers' terminationMessagePolicy
 
 
+last = ""  # the last message written by this process (masked), for a consumer that reports it elsewhere too
+
+
 def write(message: str, secrets: Iterable[str] = ()) -> None:
     """Record `message` (secrets and URL credentials masked, cut to the kubelet's limit); never raises."""
-    text = redact(message, secrets).encode()
+    global last
+    last = redact(message, secrets)
+    text = last.encode()
     if len(text) > LIMIT:
         text = text[: LIMIT - 3].decode(errors="ignore").encode() + "…".encode()
     path = os.environ.get(PATH_ENV) or DEFAULT_PATH

@@ -18,12 +18,21 @@ from urllib.parse import quote
 
 import httpx
 
+from fibers import failpoints
+
 MAGIC = 0
 HEADER = struct.Struct(">bI")  # magic byte, schema id
 
 
 class WireFormatError(ValueError):
     """The bytes are not in the registry's wire format, or their schema cannot be had."""
+
+
+class RegistryUnavailable(Exception):
+    """The registry did not answer, or answered 429/5xx: no fault of the record, so worth asking again.
+    Not a ValueError (what a record that cannot be decoded raises), and marked `transient` for decoders."""
+
+    transient = True
 
 
 def split(data: bytes) -> tuple[int, bytes]:
@@ -51,9 +60,12 @@ class Registry:
 
     def _get(self, path: str) -> Any:
         try:
+            failpoints.hit("registry.lookup", httpx.ConnectError)
             reply = self._http.get(path)
         except httpx.HTTPError as exc:
-            raise WireFormatError(f"schema registry at {self.url}: {exc or type(exc).__name__}") from None
+            raise RegistryUnavailable(f"schema registry at {self.url}: {exc or type(exc).__name__}") from None
+        if reply.status_code == 429 or reply.status_code >= 500:
+            raise RegistryUnavailable(f"schema registry at {self.url}{path}: HTTP {reply.status_code}")
         if reply.status_code != 200:
             raise WireFormatError(f"schema registry at {self.url}{path}: HTTP {reply.status_code} {reply.text[:200]}")
         return reply.json()

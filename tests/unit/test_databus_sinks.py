@@ -175,3 +175,62 @@ def test_a_fresh_thread_is_not_taken_for_an_abandoned_one_after_its_id_is_reused
         assert [driver.each(lambda i: driver.abandoned())[0] for _ in range(20)] == [False] * 20
     finally:
         driver.close()
+
+
+def test_a_kafka_sink_fails_the_batch_when_a_record_is_not_delivered() -> None:
+    """librdkafka drops a record whose delivery failed from its queue, so `flush` alone returns 0 as if
+    all were delivered: the sink must read the delivery reports. No broker answers here, so each
+    record's delivery times out (a real producer; message.timeout.ms kept short)."""
+    from fibers.databus.sinks import KafkaSink
+
+    sink = KafkaSink("127.0.0.1:9", "out", settings={"message.timeout.ms": 300})
+    events = [ChangeEvent("in", 0, i, str(i), "c", i, i, {"id": i}) for i in range(3)]
+    try:
+        with pytest.raises(Exception, match="not delivered"):
+            sink.flush(events)
+    finally:
+        sink.producer.purge()
+
+
+def test_a_history_keeps_every_snapshot_row_whole_and_keys_relay_changes_by_position() -> None:
+    """Snapshot rows all had offset -1, so the history kept one document per partition, and bootstrap
+    events (no record value) were stored without their row."""
+    from fibers.databus.sinks import history_document
+
+    rows = [ChangeEvent("t", 0, -1, str(k), "r", 50, "snapshot", {"id": k, "v": k * 10}) for k in range(3)]
+    documents = dict(map(history_document, rows))
+    assert len(documents) == 3
+    assert [d["after"] for d in documents.values()] == [{"id": k, "v": k * 10} for k in range(3)]
+    assert all(d["op"] == "r" and d["_scn"] == 50 for d in documents.values())
+    assert history_document(rows[0]) == history_document(rows[0])  # a replayed page writes the same documents
+    relay = ChangeEvent("t", 1, 7, "4", "u", 99, 7, {"id": 4}, raw={"op": "u", "after": {"id": 4}})
+    assert history_document(relay) == (
+        "t/1/7",
+        {"op": "u", "after": {"id": 4}, "_key": "4", "_scn": 99, "_topic": "t", "_partition": 1, "_offset": 7},
+    )
+
+
+@pytest.mark.parametrize(
+    ("on_undecodable", "message"),
+    [
+        ({"action": "explode"}, "spec.onUndecodable.action must be one of fail, skip, deadLetter"),
+        ({"action": "deadLetter"}, "spec.onUndecodable.deadLetterTopic"),
+        ({"action": "deadLetter", "deadLetterTopic": "in"}, "must not be a topic the consumer reads"),
+    ],
+)
+def test_an_undecodable_policy_that_cannot_run_is_refused_naming_the_field(
+    on_undecodable: dict[str, Any], message: str
+) -> None:
+    config = ConsumerConfig.from_dict(
+        {
+            "name": "c",
+            "namespace": "n",
+            "relay": {"bootstrapServers": "kafka:9092", "topics": ["in"]},
+            "sink": {"type": "log"},
+            "checkpoint": {"configMapName": "c-checkpoint"},
+            "startPosition": "earliest",
+            "onUndecodable": on_undecodable,
+        }
+    )
+    with pytest.raises(ConfigError, match=message):
+        config.check()

@@ -1,15 +1,21 @@
-"""The schema registry's wire format, and change events decoded from Avro (pure: no registry)."""
+"""The schema registry's wire format, and change events decoded from Avro (a tiny local HTTP server plays the
+registry where its answers matter)."""
 
 from __future__ import annotations
 
+import http.server
 import io
+import json
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import fastavro
 import pytest
 
 from fibers.databus.events import MalformedEvent, decode
-from fibers.wire import HEADER, WireFormatError, split
+from fibers.wire import HEADER, AvroDecoder, Registry, RegistryUnavailable, WireFormatError, split
 
 ROW = {"type": "record", "name": "Row", "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]}
 ENVELOPE = {
@@ -68,3 +74,61 @@ def test_a_debezium_envelope_in_avro_decodes_like_json() -> None:
 def test_a_value_that_is_not_framed_is_malformed_and_says_so() -> None:
     with pytest.raises(MalformedEvent, match="not decodable"):
         decode("t", 0, 1, None, b'{"id": 1}', parse)
+
+
+def test_a_truncated_avro_body_is_malformed_not_a_crash() -> None:
+    """fastavro raises EOFError on a cut body, which is no ValueError: it escaped decode and ended the consumer."""
+    whole = framed(7, {"before": None, "after": {"id": 4, "item": "tea"}, "op": "c", "ts_ms": 1, "source": {"lsn": 1}})
+    with pytest.raises(MalformedEvent, match="not decodable"):
+        decode("t", 0, 1, None, whole[:8], parse)
+
+
+class _Registry(http.server.BaseHTTPRequestHandler):
+    """A schema registry that answers with the status the test gives it."""
+
+    status = 503
+
+    def do_GET(self) -> None:
+        body = json.dumps({"schema": '"string"'} if self.status == 200 else {"message": "busy"}).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def registry_server() -> Iterator[tuple[str, type[_Registry]]]:
+    handler = type("Handler", (_Registry,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_registry_that_is_busy_or_failing_is_unavailable_not_a_bad_record(
+    registry_server: tuple[str, type[_Registry]], status: int
+) -> None:
+    """A registry outage used to read as MalformedEvent (WireFormatError is a ValueError): the consumer
+    stopped on good records. It is RegistryUnavailable now, which decode hands on for the runtime to wait out."""
+    url, handler = registry_server
+    handler.status = status
+    decoder = AvroDecoder(Registry(url))
+    with pytest.raises(RegistryUnavailable):
+        decode("t", 0, 1, None, HEADER.pack(0, 9) + b"\x02", decoder)
+    handler.status = 200
+    assert decode("t", 0, 1, b"k", HEADER.pack(0, 9) + b"\x02a", decoder).after == {"value": "a"}  # type: ignore[union-attr]
+
+
+def test_a_registry_that_does_not_answer_is_unavailable() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(RegistryUnavailable):
+        Registry(f"http://127.0.0.1:{port}", timeout=2).schema_text(1)

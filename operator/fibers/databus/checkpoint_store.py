@@ -9,6 +9,11 @@ lower token than the recorded one is refused — so a pod that lost a partition 
 know it yet) cannot move its checkpoint backwards. Writes are throttled (at most one per `min_interval`); a throttled
 checkpoint stays pending and goes out with the next write or at shutdown. Per-instance figures
 (events, lag, mode) ride along as annotations, for the operator to mirror into status.
+
+The API server goes away now and then (a restart, priority-and-fairness throttling): every read and
+write here is tried again with backoff while it does, the consumer pausing meanwhile, rather than
+ending the process. Losing a pending checkpoint is never a loss of data (its windows are replayed),
+so only a stopping consumer gives up, after API_SHUTDOWN_WAIT_SECONDS.
 """
 
 from __future__ import annotations
@@ -17,15 +22,33 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from fibers import failpoints
 from fibers.conditions import format_time, utcnow
 from fibers.databus.checkpoint import SOURCES_HASH_KEY, Checkpoint, Checkpoints, sources_hash
-from fibers.kubeapi import Api, ApiError, path
+from fibers.databus.tuning import (
+    API_RETRY_BASE_SECONDS,
+    API_RETRY_CAP_SECONDS,
+    API_SHUTDOWN_WAIT_SECONDS,
+    API_WAIT_NOTICE_SECONDS,
+    CHECKPOINT_CONFLICT_TRIES,
+)
+from fibers.kubeapi import Api, ApiError, Unreachable, path, retry_delay, transient
 
 log = logging.getLogger("fibers.databus.checkpoint")
 STATS_ANNOTATION = "fibers.dev/stats-"
 OWNERS_ANNOTATION = "fibers.dev/owners"  # {timeline key: fencing token of its owner}
+STOPPED_ANNOTATION = "fibers.dev/stopped-"  # + instance: why that instance stopped for good (it waits, not restarts)
+T = TypeVar("T")
+
+
+class Contended(Unreachable):
+    """Every compare-and-swap of a run lost to another writer: tried again later, like an outage."""
+
+
+class StoreUnavailable(Unreachable):
+    """The API server did not answer before a stopping consumer gave up on it."""
 
 
 def fenced_keys(recorded: dict[str, int], tokens: dict[str, int], keys: Iterable[str]) -> set[str]:
@@ -61,12 +84,46 @@ class CheckpointStore:
         self.written: dict[str, float] = {}  # timeline key → Unix time of our last write of it (or our claim)
         self.tokens: dict[str, int] = {}  # timeline key → our fencing token, from claim()
         self.fenced: set[str] = set()  # timelines a write found claimed by a newer owner (the consumer drops them)
+        self.stopping: Callable[[], bool] = lambda: False  # the consumer is shutting down: wait for the API less
+        self.waiting_since: float | None = None  # Unix time the API server stopped answering us (None: it answers)
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` until it goes through; a transient failure (no answer, 429, 5xx, contention) is tried
+        again after a backoff (Retry-After when the server gives one) while the consumer waits."""
+        started, attempt, told = time.monotonic(), 0, False
+        while True:
+            try:
+                result = call()
+            except (ApiError, Unreachable) as exc:
+                if not (transient(exc) or isinstance(exc, Contended)):
+                    raise
+                waited = time.monotonic() - started
+                if self.stopping() and waited >= API_SHUTDOWN_WAIT_SECONDS:
+                    raise StoreUnavailable(f"{what}: {exc}") from None
+                if self.waiting_since is None:
+                    self.waiting_since = time.time()
+                if waited >= API_WAIT_NOTICE_SECONDS and not told:
+                    told = True
+                    log.warning("waiting for the API server", extra={"doing": what, "error": str(exc)})
+                attempt += 1
+                time.sleep(retry_delay(exc, attempt, base=API_RETRY_BASE_SECONDS, cap=API_RETRY_CAP_SECONDS))
+                continue
+            if told:
+                log.info("the API server answers again", extra={"doing": what, "seconds": time.monotonic() - started})
+            self.waiting_since = None
+            return result
+
+    def _read(self) -> dict[str, Any] | None:
+        failpoints.hit("checkpoint.read", Unreachable)
+        return self.api.get_or_none(self.url)
 
     def load(self) -> Checkpoints:
         """Every stored checkpoint; raises CheckpointError on a malformed one (never resets it)."""
-        cm = self.api.get_or_none(self.url)
+        cm = self._retrying("reading checkpoints", self._read)
         if cm is None:
             return Checkpoints(self.sources)
+        if (cm["metadata"].get("annotations") or {}).get(self.stopped_key):
+            self.record_stop("")  # a new start: whatever stopped the instance before is for this one to find again
         return Checkpoints.from_configmap_data(cm.get("data") or {}, self.sources)
 
     def claim(self, key: str) -> tuple[int, Checkpoints]:
@@ -78,8 +135,11 @@ class CheckpointStore:
         The token is counted here rather than taken from the Lease, because a Lease can be deleted
         and made again (its leaseTransitions start over) while the ConfigMap is kept.
         """
-        for _ in range(10):
-            cm = self.api.get_or_none(self.url)
+        return self._retrying(f"claiming {key}", lambda: self._claim(key))
+
+    def _claim(self, key: str) -> tuple[int, Checkpoints]:
+        for _ in range(CHECKPOINT_CONFLICT_TRIES):
+            cm = self._read()
             owners = _owners(cm)
             token = owners.get(key, 0) + 1
             if not self._write(cm, {}, {OWNERS_ANNOTATION: json.dumps({**owners, key: token}, sort_keys=True)}):
@@ -88,10 +148,11 @@ class CheckpointStore:
             self.written[key] = time.time()
             self.fenced.discard(key)
             return token, Checkpoints.from_configmap_data((cm or {}).get("data") or {}, self.sources)
-        raise RuntimeError(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+        raise Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
 
     def _write(self, cm: dict[str, Any] | None, data: dict[str, str], annotations: dict[str, str]) -> bool:
         """Merge these keys into the ConfigMap as read (`cm`; None: create it); False if someone wrote since."""
+        failpoints.hit("checkpoint.write", Unreachable)
         try:
             if cm is None:
                 meta = {"name": self.name, "labels": self.labels, "annotations": annotations}
@@ -106,7 +167,23 @@ class CheckpointStore:
             if exc.status == 409:
                 return False
             raise
+        failpoints.hit("checkpoint.write.done", Unreachable)
         return True
+
+    @property
+    def stopped_key(self) -> str:
+        return f"{STOPPED_ANNOTATION}{self.instance}"
+
+    def record_stop(self, message: str) -> None:
+        """Say on the ConfigMap why this instance stopped for good ("" clears it), for the operator's condition."""
+
+        def write() -> None:
+            for _ in range(CHECKPOINT_CONFLICT_TRIES):
+                if self._write(self._read(), {}, {self.stopped_key: message}):
+                    return
+            raise Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+
+        self._retrying("recording why the instance stopped", write)
 
     def forget(self, key: str) -> None:
         """Stop writing timeline `key` (given up or lost): its pending checkpoint is dropped."""
@@ -122,12 +199,16 @@ class CheckpointStore:
         return self.flush()
 
     def flush(self) -> bool:
+        """Write what is pending (True when written); waits out an API server that does not answer."""
         if not self.pending:
             return False
+        return self._retrying("writing checkpoints", self._flush)
+
+    def _flush(self) -> bool:
         stats = {**self.stats_source(), "lastCheckpointTime": format_time(utcnow())}
         annotations = {f"{STATS_ANNOTATION}{self.instance}": json.dumps(stats, sort_keys=True)}
-        for _ in range(10):
-            cm = self.api.get_or_none(self.url)
+        for _ in range(CHECKPOINT_CONFLICT_TRIES):
+            cm = self._read()
             if fenced := fenced_keys(_owners(cm), self.tokens, self.pending):
                 log.warning("checkpoint refused: a newer owner holds the timeline", extra={"timelines": sorted(fenced)})
                 self.fenced |= fenced
@@ -145,4 +226,4 @@ class CheckpointStore:
             self.last_write = time.monotonic()
             self.writes += 1
             return True
-        raise RuntimeError(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+        raise Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")

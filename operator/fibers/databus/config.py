@@ -12,6 +12,7 @@ from typing import Any
 POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
 SINK_TYPES = ("mongodb", "history", "bootstrap", "kafka", "log", "callback")
 START_POSITIONS = ("bootstrap", "earliest", "latest")
+UNDECODABLE_ACTIONS = ("fail", "skip", "deadLetter")  # fibers.databus.undecodable
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's rule for topic names
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _CALLBACK = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,6 +57,8 @@ class ConsumerConfig:
     registry_url: str | None = None  # values are Avro in the registry's wire format (spec.relay.avro)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace, job}: OpenLineage events go there
     producers: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → the sourceRef that resolved to it
+    on_undecodable: str = "fail"  # fail | skip | deadLetter (fibers.databus.undecodable)
+    dead_letter_topic: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConsumerConfig:
@@ -80,6 +83,8 @@ class ConsumerConfig:
             registry_url=(relay.get("avro") or {}).get("registryUrl"),
             lineage=data.get("lineage"),
             producers=dict(relay.get("producers") or {}),
+            on_undecodable=str((data.get("onUndecodable") or {}).get("action", "fail")),
+            dead_letter_topic=(data.get("onUndecodable") or {}).get("deadLetterTopic"),
         )
 
     def secrets(self) -> list[str]:
@@ -105,6 +110,12 @@ class ConsumerConfig:
             raise ConfigError(f"spec.startPosition must be one of {', '.join(START_POSITIONS)}")
         if self.start_position == "bootstrap" and not self.bootstrap:
             raise ConfigError("spec.startPosition bootstrap needs spec.bootstrap (enabled, with a store)")
+        if self.on_undecodable not in UNDECODABLE_ACTIONS:
+            raise ConfigError(f"spec.onUndecodable.action must be one of {', '.join(UNDECODABLE_ACTIONS)}")
+        if self.on_undecodable == "deadLetter":
+            _check_topics([self.dead_letter_topic or ""], "spec.onUndecodable.deadLetterTopic")
+            if self.dead_letter_topic in self.topics:
+                raise ConfigError("spec.onUndecodable.deadLetterTopic must not be a topic the consumer reads")
         if not 0 <= self.instance < self.instances:
             raise ConfigError(f"spec.instances must be at least 1 (instance {self.instance} of {self.instances})")
         for where, value, low in (

@@ -102,7 +102,9 @@ def decode(
         return None
     try:
         payload = parse(value)
-    except ValueError as exc:
+    except Exception as exc:  # a decoder's own errors vary (ValueError, EOFError, IndexError, …)
+        if getattr(exc, "transient", False):  # the decoder's server is away: not the record's fault
+            raise
         what = "JSON" if parse is parse_json else "decodable"
         raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not {what}: {exc}") from None
     if type(payload) is dict and "payload" in payload and len(payload) == 2 and "schema" in payload:

@@ -17,8 +17,8 @@ from fibers import conditions, metrics, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.databus import workload
-from fibers.databus.checkpoint import CheckpointError, Checkpoints
-from fibers.databus.checkpoint_store import STATS_ANNOTATION
+from fibers.databus.checkpoint import CheckpointError, Checkpoints, reported
+from fibers.databus.checkpoint_store import STATS_ANNOTATION, STOPPED_ANNOTATION
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.workload import LABEL_CONSUMER, LABEL_INSTANCE, PLURAL
 from fibers.kube import Kube
@@ -262,9 +262,11 @@ class DatabusReconciler:
                 _mirror_checkpoints(new, checkpoints, annotations, int(spec.get("instances", 1)))
 
         new["readyInstances"] = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
-        failure = await self._pod_failure(namespace, name)
+        cm_annotations = (cm or {}).get("metadata", {}).get("annotations") or {}
+        stopped = stopped_instances(cm_annotations, int(spec.get("instances", 1)))
+        failure = stopped or await self._pod_failure(namespace, name)
 
-        conds, phase = _conditions(spec, new, problem, invalid, failure, waiting)
+        conds, phase = _conditions(spec, new, problem, invalid, failure, waiting, halted=bool(stopped))
         conds = [*conditions.with_upstream_note(conds, health), health]
         new["phase"] = phase
         new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
@@ -289,10 +291,10 @@ def _mirror_checkpoints(
     status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str], instances: int
 ) -> None:
     if len(checkpoints):
-        modes = [cp.consumption_mode.value for cp in checkpoints.values()]
-        status["consumptionMode"] = min(modes, key=MODE_ORDER.index)
-        status["windowScn"] = min(cp.window_scn for cp in checkpoints.values())
-        status["prevScn"] = min(cp.prev_scn for cp in checkpoints.values())
+        progress = reported(checkpoints.values())
+        status["consumptionMode"] = min((cp.consumption_mode.value for cp in progress), key=MODE_ORDER.index)
+        status["windowScn"] = min(cp.window_scn for cp in progress)
+        status["prevScn"] = min(cp.prev_scn for cp in progress)
         status["timelines"] = len(checkpoints)
     stats = instance_stats(annotations, instances)
     if stats:
@@ -301,6 +303,22 @@ def _mirror_checkpoints(
         status["lastCheckpointTime"] = max(str(s.get("lastCheckpointTime", "")) for s in stats)
         if sinks := _sink_figures(stats):
             status["sinks"] = sinks
+        passed = [s.get("undecodable") or {} for s in stats]
+        if any(passed):
+            status["undecodable"] = {k: sum(int(p.get(k) or 0) for p in passed) for k in ("skipped", "deadLettered")}
+
+
+def stopped_instances(annotations: dict[str, str], instances: int) -> str:
+    """Why an instance stopped for good and waits to be replaced (the first current one), or "".
+
+    A consumer pod that cannot go on says so on its checkpoint ConfigMap and waits, rather than exit and
+    be restarted into the same failure (a crash loop); the pods that replace it clear it when they start.
+    """
+    for key, value in sorted(annotations.items()):
+        ordinal = key.removeprefix(STOPPED_ANNOTATION)
+        if key.startswith(STOPPED_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances and value:
+            return truncate(redact(value, ()), 1024)
+    return ""
 
 
 def instance_stats(annotations: dict[str, str], instances: int) -> list[dict[str, Any]]:
@@ -327,7 +345,14 @@ def _sink_figures(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _conditions(
-    spec: dict[str, Any], status: dict[str, Any], problem: str, invalid: str, failure: str, waiting: str
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    problem: str,
+    invalid: str,
+    failure: str,
+    waiting: str,
+    *,
+    halted: bool = False,
 ) -> tuple[list[Condition], str]:
     def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
         return [
@@ -346,7 +371,8 @@ def _conditions(
         return cond(True, False, False, "Stopped", "no instance runs; checkpoints are kept"), "Stopped"
     if failure:
         reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
-        return cond(False, True, False, reason, f"an instance exited: {failure}"), "Failed"
+        verb = "stopped and waits to be replaced" if halted else "exited"
+        return cond(False, True, False, reason, f"an instance {verb}: {failure}"), "Failed"
     instances = int(spec.get("instances", 1))
     mode = status.get("consumptionMode", "INIT")
     if mode.startswith("BOOTSTRAP"):

@@ -25,22 +25,30 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pymongo import MongoClient
+from pymongo.errors import ConnectionFailure
 
-from fibers import lineage, termination
+from fibers import failpoints, lineage, termination
 from fibers.api import API_VERSION
 from fibers.databus import sinks
 from fibers.databus.callbacks import Callback, Result, Singles, bootstrap_page, call, end_batch, window_dispatcher
-from fibers.databus.checkpoint import Checkpoint, Checkpoints, ConsumptionMode, parse_timeline_key, timeline_key
+from fibers.databus.checkpoint import (
+    Checkpoint,
+    Checkpoints,
+    ConsumptionMode,
+    parse_timeline_key,
+    reported,
+    timeline_key,
+)
 from fibers.databus.checkpoint_store import CheckpointStore
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.driver import CallbackDriver, CallbackTimeout
-from fibers.databus.events import ChangeEvent, Parser, decode, parse_json
+from fibers.databus.events import ChangeEvent, MalformedEvent, Parser, decode, parse_json
 from fibers.databus.ownership import Leases, Members, lease_name, owned_keys
 from fibers.databus.store import BootstrapStore
 from fibers.databus.telemetry import SinkFigures, Snapshot, Telemetry, Timeline
@@ -52,21 +60,34 @@ from fibers.databus.tuning import (
     MAX_RETRY_PAUSE_SECONDS,
     OWNERSHIP_CHECK_SECONDS,
     QUIET_SECONDS,
+    TRANSIENT_RETRY_BASE_SECONDS,
+    TRANSIENT_RETRY_CAP_SECONDS,
 )
+from fibers.databus.undecodable import UndecodablePolicy
 from fibers.kubeapi import Api, ApiError, Unreachable
 from fibers.redact import redact
-from fibers.wire import AvroDecoder, Registry
+from fibers.wire import AvroDecoder, Registry, RegistryUnavailable
 
 log = logging.getLogger("fibers.databus")
 NEXT_OFFSET = "kafka_next_offset"
+UNDECODABLE_EXIT = 6  # the exit code of a consumer stopped on a record it cannot decode (spec.onUndecodable: fail)
 SNAPSHOT_LAST_KEY = "fibers_snapshot_last_key"
 CATCHUP_LAST_ID = "fibers_catchup_last_id"
+
+
+def _kafka_transport_error(message: str) -> KafkaException:
+    """What a poll raises when the broker is away, for the kafka.poll failpoint."""
+    return KafkaException(KafkaError(KafkaError._TRANSPORT, message, retriable=True))
 
 
 def next_offset(cp: Checkpoint | None) -> int | None:
     """The Kafka offset a timeline resumes from, kept in its checkpoint next to the SCNs."""
     value = cp.get(NEXT_OFFSET) if cp is not None else None
     return value if isinstance(value, int) else None
+
+
+class BootstrapInterrupted(Exception):
+    """A bootstrap stopped between pages: the consumer is stopping, or no longer owns its timelines."""
 
 
 class ConsumerStopped(Exception):
@@ -223,6 +244,9 @@ class Runtime:
         self.checkpoints: dict[str, Checkpoint] = {}
         self.events_processed = 0
         self.stopping = False
+        self._stop = threading.Event()  # set with `stopping`: pauses end early when the consumer stops
+        self.store.stopping = lambda: self.stopping
+        self.undecodable = UndecodablePolicy(config.on_undecodable, config.dead_letter_topic, config.bootstrap_servers)
         # One thread per callback, for relay windows and bootstrap pages alike.
         self.driver = CallbackDriver(len(self.callbacks), config.callback_timeout)
         self._dispatchers = [window_dispatcher(callback) for callback in self.callbacks]
@@ -263,6 +287,7 @@ class Runtime:
             "sinks": [
                 {"name": name, **stats.as_dict()} for name, stats in zip(self.sink_names, self.sink_stats, strict=True)
             ],  # a list: the stats are stored with sorted keys, and the sinks keep the spec's order
+            "undecodable": dict(self.undecodable.counts),
         }
 
     def snapshot(self) -> Snapshot:
@@ -282,6 +307,8 @@ class Runtime:
             checkpoint_writes=self.store.writes,
             rollbacks=dict(self.rollbacks),
             attempt=self.attempt,
+            undecodable=dict(self.undecodable.counts),
+            api_waiting_since=self.store.waiting_since,
         )
 
     def _hook(self, name: str, *args: Any) -> None:
@@ -295,7 +322,7 @@ class Runtime:
 
     def _mode(self) -> str:
         # list(): copied in one step, as the metrics server's thread asks too (`snapshot`).
-        modes = {cp.consumption_mode.value for cp in list(self.checkpoints.values())}
+        modes = {cp.consumption_mode.value for cp in reported(list(self.checkpoints.values()))}
         for mode in ("BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "INIT", "ONLINE_CONSUMPTION"):
             if mode in modes:
                 return mode
@@ -333,6 +360,9 @@ class Runtime:
             self._look()
             self._consume()
         except ConsumerStopped as exc:
+            if exc.code == 0:  # asked to stop while waiting for a server: a normal end
+                log.info("consumer stopped: %s", exc)
+                return 0
             message = redact(str(exc), self.config.secrets())
             log.error("consumer stopped: %s", message)
             termination.write(message)
@@ -376,7 +406,12 @@ class Runtime:
         return inputs, outputs
 
     def _on_signal(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Ask the consumer to stop (a signal, or an embedding caller): it ends at the next window or page."""
         self.stopping = True
+        self._stop.set()
 
     # ----- ownership: which timelines this instance consumes -----------------------------------------
 
@@ -444,17 +479,52 @@ class Runtime:
                 if key in stored:
                     self.checkpoints[key] = stored[key]
             for group, reason in self._bootstraps(topic, partitions, stored):
-                self._bootstrap(topic, group, reason=reason)
+                try:
+                    self._bootstrap(topic, group, reason=reason)
+                except BootstrapInterrupted as exc:
+                    log.warning("bootstrap interrupted", extra={"topic": topic, "why": str(exc)})
+                    for partition in group:
+                        self._drop(timeline_key(topic, partition))
+                    partitions = [p for p in partitions if p not in group]
+            resolved = []
             for partition in partitions:
-                resume = next_offset(self.checkpoints.get(timeline_key(topic, partition)))
-                if resume is not None:
-                    offset = resume
-                else:
-                    offset = OFFSET_END if self.config.start_position == "latest" else OFFSET_BEGINNING
-                assignments.append(TopicPartition(topic, partition, offset))
+                key = timeline_key(topic, partition)
+                resume = next_offset(self.checkpoints.get(key))
+                if resume is None:
+                    resume = self._start_offset(topic, partition)
+                    self.checkpoints[key] = self.checkpoints.get(key, Checkpoint.initial()).with_values(
+                        {NEXT_OFFSET: resume}
+                    )
+                    resolved.append(key)
+                assignments.append(TopicPartition(topic, partition, resume))
+            if resolved:  # before anything is read: "latest" means the end as of the first start, ever
+                self._save(resolved, force=True)
+        if self.stopping:
+            return
         self.consumer.incremental_assign(assignments)
         self.held.update({timeline_key(tp.topic, tp.partition): (tp.topic, tp.partition) for tp in assignments})
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
+
+    def _start_offset(self, topic: str, partition: int) -> int:
+        """Where a timeline with no position starts (startPosition), as an offset: "latest" is the end of
+        the partition now, "earliest" (and a bootstrap's online partitions) the first offset Kafka keeps."""
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(high if self.config.start_position == "latest" else low)
+
+    def _drop(self, key: str) -> None:
+        """Forget a timeline taken but not consumed (its bootstrap was interrupted): the next owner resumes it."""
+        self.checkpoints.pop(key, None)
+        self.store.forget(key)
+        self.leases.forget(key)
+
+    def _still_ours(self, keys: list[str]) -> None:
+        """Between bootstrap pages: stop when the consumer stops, or when a timeline's Lease is lost or a
+        newer owner fenced it (the pages go on only while nobody else may deliver them)."""
+        if self.stopping:
+            raise BootstrapInterrupted("the consumer is stopping")
+        lost = (self.leases.overdue() | self.store.fenced) & set(keys)
+        if lost:
+            raise BootstrapInterrupted(f"no longer the owner of {', '.join(sorted(lost))}")
 
     def _bootstraps(self, topic: str, partitions: list[int], stored: Checkpoints) -> list[tuple[list[int], str]]:
         """The bootstraps to run before these partitions of `topic` go online: (partitions, why) each.
@@ -540,7 +610,7 @@ class Runtime:
         self._save(keys, force=True)
         return cp
 
-    def _deliver(self, events: list[ChangeEvent], scn: int, checkpoint: Checkpoint) -> None:
+    def _deliver(self, events: list[ChangeEvent], scn: int, checkpoint: Checkpoint, keys: list[str]) -> None:
         """One bootstrap page (snapshot rows or logged changes) through the callback driver, as relay windows go.
 
         On ERROR, an exception or a timeout the callbacks hear `on_bootstrap_error`, then
@@ -566,6 +636,7 @@ class Runtime:
                         f"bootstrap {first.window} of {first.topic} failed at SCN {scn} {tries} times: {exc}"
                     ) from exc
                 self._pause(tries)
+                self._still_ours(keys)
                 continue
             self.events_processed += len(events)
             self.attempt = 0
@@ -574,6 +645,7 @@ class Runtime:
     def _page(self, index: int, events: list[ChangeEvent], scn: int) -> None:
         """In callback `index`'s thread: one bootstrap page, timed like a batch of windows."""
         started = time.perf_counter()
+        failpoints.hit("callback")
         bootstrap_page(self.callbacks[index], events, scn, self.driver.abandoned)
         if self._sink_timers:
             self._sink_timers[index](time.perf_counter() - started)
@@ -603,9 +675,11 @@ class Runtime:
     ) -> Checkpoint:
         last = cp.get(SNAPSHOT_LAST_KEY)
         delivered = max(cp.snapshot_offset, 0)
-        for rows in store.snapshot_pages(
-            topic, partitions, last if isinstance(last, str) else None, BOOTSTRAP_PAGE_ROWS
-        ):
+
+        def read(after: str | None) -> Iterator[list[dict[str, Any]]]:
+            return store.snapshot_pages(topic, partitions, after, BOOTSTRAP_PAGE_ROWS)
+
+        for rows in self._store_pages(read, last if isinstance(last, str) else None, keys):
             events = [
                 ChangeEvent(
                     topic=topic,
@@ -619,7 +693,7 @@ class Runtime:
                 )
                 for r in rows
             ]
-            self._deliver(events, max(e.scn for e in events), cp)
+            self._deliver(events, max(e.scn for e in events), cp, keys)
             delivered += len(rows)
             last = str(rows[-1]["_id"])
             cp = cp.snapshot_progress(delivered).with_values({SNAPSHOT_LAST_KEY: last})
@@ -641,14 +715,12 @@ class Runtime:
             self._set(keys, cp, force=True)
         after = cp.get(CATCHUP_LAST_ID)
         rows_done = 0
-        for rows in store.log_pages(
-            topic,
-            partitions,
-            cp.bootstrap_start_scn,
-            cp.bootstrap_target_scn,
-            after if isinstance(after, str) else None,
-            BOOTSTRAP_PAGE_ROWS,
-        ):
+        start, target = cp.bootstrap_start_scn, cp.bootstrap_target_scn
+
+        def read(after: str | None) -> Iterator[list[dict[str, Any]]]:
+            return store.log_pages(topic, partitions, start, target, after, BOOTSTRAP_PAGE_ROWS)
+
+        for rows in self._store_pages(read, after if isinstance(after, str) else None, keys):
             events = [
                 ChangeEvent(
                     topic=topic,
@@ -663,7 +735,7 @@ class Runtime:
                 for r in rows
             ]
             scn = max(e.scn for e in events)
-            self._deliver(events, scn, cp)
+            self._deliver(events, scn, cp, keys)
             rows_done += len(rows)
             after = str(rows[-1]["_id"])
             cp = cp.catchup_progress(max(scn, cp.window_scn), events[-1].offset).with_values({CATCHUP_LAST_ID: after})
@@ -682,6 +754,30 @@ class Runtime:
         )
         return online
 
+    def _store_pages(
+        self, read: Callable[[str | None], Iterator[list[dict[str, Any]]]], after: str | None, keys: list[str]
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The store's pages after the _id `after`; when the store does not answer, read again from the last
+        page handed out, after a growing pause (a store outage pauses a bootstrap, never ends it)."""
+        attempt = 0
+        while True:
+            try:
+                for rows in read(after):
+                    attempt = 0
+                    self._still_ours(keys)
+                    yield rows
+                    after = str(rows[-1]["_id"])
+                return
+            except ConnectionFailure as exc:
+                attempt += 1
+                log.warning("bootstrap store unreachable; reading again", extra={"attempt": attempt, "error": str(exc)})
+                self._wait_transient(attempt)
+                self._still_ours(keys)
+
+    def _wait_transient(self, attempt: int) -> None:
+        """The pause before trying a server that did not answer again: doubling, bounded, cut short by a stop."""
+        self._stop.wait(min(TRANSIENT_RETRY_BASE_SECONDS * 2 ** (attempt - 1), TRANSIENT_RETRY_CAP_SECONDS))
+
     def _set(self, keys: list[str], cp: Checkpoint, force: bool = False) -> None:
         for key in keys:
             self.checkpoints[key] = cp
@@ -695,6 +791,7 @@ class Runtime:
         attempts: dict[tuple[str, int, int], int] = {}
         max_events = self.config.max_window_events
         parse = self._parse
+        polls_failed = 0
         while not self.stopping:
             if time.monotonic() >= self._next_look or self.leases.lost or self.store.fenced:
                 gone = self._look()
@@ -702,16 +799,28 @@ class Runtime:
                     self._lag()
                 if window and (window[0].topic, window[0].partition) in gone:
                     window, window_id = [], None  # its next owner reads it again from the checkpoint
-            messages = self._poll(waiting=bool(window))
+            try:
+                messages = self._poll(waiting=bool(window))
+            except KafkaException as exc:  # the broker away: the same poll again, after a pause
+                if not exc.args[0].retriable():
+                    raise ConsumerStopped(f"Kafka error: {exc.args[0].str()}") from None
+                polls_failed += 1
+                log.warning("Kafka poll failed; polling again", extra={"attempt": polls_failed, "error": str(exc)})
+                self._wait_transient(polls_failed)
+                continue
+            polls_failed = 0
             ready: list[list[ChangeEvent]] = []
             singles: Singles | None = None  # the run of one-record windows at the end of `ready`
             for message in messages:  # the hot loop: keep it lean
                 if (error := message.error()) is not None:
                     self._relay_error(error)
                     continue
-                event = decode(
-                    message.topic(), message.partition(), message.offset(), message.key(), message.value(), parse
-                )
+                try:
+                    event = decode(
+                        message.topic(), message.partition(), message.offset(), message.key(), message.value(), parse
+                    )
+                except (MalformedEvent, RegistryUnavailable) as exc:
+                    event = self._undecodable(message, exc)
                 if event is None:
                     continue
                 if event.window.__class__ is int:  # a record of its own (no transaction): a whole window
@@ -750,12 +859,38 @@ class Runtime:
         writes a transaction's events together. Any: a consumed record always has topic,
         partition and offset (the stubs say Optional).
         """
+        failpoints.hit("kafka.poll", _kafka_transport_error)
         messages: list[Any] = self.consumer.consume(num_messages=BATCH_RECORDS, timeout=0)
         if messages:
             return messages
         wait = QUIET_SECONDS if waiting else IDLE_WAIT_SECONDS
         first: list[Any] = self.consumer.consume(num_messages=1, timeout=wait)
         return first + self.consumer.consume(num_messages=BATCH_RECORDS - 1, timeout=0) if first else []
+
+    def _undecodable(self, message: Any, error: Exception) -> ChangeEvent | None:
+        """A record that did not decode. The registry away is waited out (the record is decoded again,
+        after a growing pause); a record that cannot be decoded goes as spec.onUndecodable says: the
+        consumer stops naming it (fail), or it is counted and passed (skip, deadLetter)."""
+        attempt = 0
+        while isinstance(error, RegistryUnavailable):
+            attempt += 1
+            log.warning("schema registry unavailable; decoding again", extra={"attempt": attempt, "error": str(error)})
+            self._wait_transient(attempt)
+            if self.stopping:
+                raise ConsumerStopped("stopped while waiting for the schema registry", code=0)
+            try:
+                return decode(
+                    message.topic(), message.partition(), message.offset(), message.key(), message.value(), self._parse
+                )
+            except (MalformedEvent, RegistryUnavailable) as exc:
+                error = exc
+        if not self.undecodable.passes(message, error):
+            raise ConsumerStopped(
+                f"UndecodableRecord: {message.topic()}/{message.partition()} offset {message.offset()}: {error} "
+                "(spec.onUndecodable: fail)",
+                code=UNDECODABLE_EXIT,
+            )
+        return None
 
     @staticmethod
     def _relay_error(error: KafkaError) -> None:
@@ -810,14 +945,17 @@ class Runtime:
         results: list[Result] = []
         error: BaseException | None = None
         dispatch = self._dispatchers[index]
+        failpoints.hit("callback")
         for window in windows:
+            if self.driver.abandoned():  # timed out: the rollback replays these windows; write nothing
+                return [], CallbackTimeout("abandoned after the timeout")
             try:
                 dispatch(window, results)
             except Exception as exc:  # any failure of a window rolls it back
                 error = exc
                 break
-            if self.driver.abandoned():  # timed out: the rollback replays these windows; write nothing
-                return [], CallbackTimeout("abandoned after the timeout")
+        if self.driver.abandoned():
+            return [], CallbackTimeout("abandoned after the timeout")
         if results:
             try:
                 end_batch(self.callbacks[index])  # a buffered sink writes the successful windows now
@@ -862,7 +1000,7 @@ class Runtime:
 
     def _pause(self, tries: int) -> None:
         """The pause before a replay: the callback policy's backoff, doubled per attempt, bounded."""
-        time.sleep(min(self.config.retry_backoff * 2 ** (tries - 1), MAX_RETRY_PAUSE_SECONDS))
+        self._stop.wait(min(self.config.retry_backoff * 2 ** (tries - 1), MAX_RETRY_PAUSE_SECONDS))
 
     def _shutdown(self) -> None:
         try:

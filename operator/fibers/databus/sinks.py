@@ -10,18 +10,26 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from pymongo import MongoClient
+from pymongo.errors import AutoReconnect
 
+from fibers import failpoints
 from fibers.databus import callbacks
 from fibers.databus.callbacks import Callback, Result
 from fibers.databus.events import ChangeEvent
 from fibers.databus.mongo_servers import detect
 from fibers.databus.store import BootstrapStore, GuardedCollection
+from fibers.databus.tuning import KAFKA_SINK_FLUSH_SECONDS, KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS
 
 log = logging.getLogger("fibers.databus.sink")
+
+
+class SinkNotDelivered(RuntimeError):
+    """A sink's write was not confirmed: the window fails and is replayed from its checkpoint."""
 
 
 class WindowSink(Callback):
@@ -57,11 +65,18 @@ class WindowSink(Callback):
     on_end_bootstrap_sequence = on_end_data_event_sequence
     on_bootstrap_rollback = on_rollback
 
+    # The failpoints around this sink's writes (fibers.failpoints), and what its client raises when the
+    # server is away: a test makes the real write fail, hang, or the process die just after it.
+    failpoint: str = "sink.write"
+    failpoint_error: type[Exception] = RuntimeError
+
     def on_end_batch(self) -> None:
         """Write every complete window received since the last batch (raises on failure)."""
         events, self.completed = self.completed, []
         if events:
+            failpoints.hit(self.failpoint, self.failpoint_error)
             self.flush(events)
+            failpoints.hit(f"{self.failpoint}.done", self.failpoint_error)
 
     def flush(self, events: list[ChangeEvent]) -> None:
         raise NotImplementedError
@@ -81,6 +96,8 @@ class MongoSink(WindowSink):
     from the server the client talks to: see fibers.databus.mongo_servers.
     """
 
+    failpoint, failpoint_error = "mongo.write", AutoReconnect
+
     def __init__(self, uri_env: str, database: str, collection: str) -> None:
         super().__init__()
         self.client = _mongo(uri_env)
@@ -94,9 +111,10 @@ class MongoSink(WindowSink):
 
 
 class HistorySink(WindowSink):
-    """Every event as a document of its own (a history, not a view): the record value, its key, and where it
-    was in the relay. The document id is that position (topic/partition/offset), so a replayed window
-    writes the same documents again instead of new ones."""
+    """Every event as a document of its own (a history, not a view): see `history_document`. The document
+    id is the change's position, so a replayed window writes the same documents again instead of new ones."""
+
+    failpoint, failpoint_error = "mongo.write", AutoReconnect
 
     def __init__(self, uri_env: str, database: str, collection: str) -> None:
         super().__init__()
@@ -106,22 +124,41 @@ class HistorySink(WindowSink):
     def flush(self, events: list[ChangeEvent]) -> None:
         from pymongo import ReplaceOne
 
-        writes = [
-            ReplaceOne(
-                {"_id": f"{e.topic}/{e.partition}/{e.offset}"},
-                {**(e.raw or {}), "_key": e.key, "_topic": e.topic, "_partition": e.partition, "_offset": e.offset},
-                upsert=True,
-            )
-            for e in events
-        ]
+        writes = [ReplaceOne({"_id": id_}, doc, upsert=True) for id_, doc in map(history_document, events)]
         detect(self.client).bulk_write(self.collection, writes, ordered=True)  # FerretDB v1: in bulks it can take
 
     def close(self) -> None:
         self.client.close()
 
 
+def history_document(event: ChangeEvent) -> tuple[str, dict[str, Any]]:
+    """(id, document) of one change in a history sink.
+
+    A relay or catch-up change is the record value as read, keyed by where it is in the relay
+    (topic/partition/offset). A snapshot row has no relay position (offset -1): it is keyed by the
+    snapshot's SCN and the row key, so every row of a snapshot is kept and a replayed page writes the
+    same documents. Bootstrap events carry no record value; their document is the change itself (op,
+    before, after, SCN), the shape a Debezium envelope gives a relay change.
+    """
+    if event.offset < 0:
+        id_ = f"{event.topic}/{event.partition}/snapshot@{event.scn}/{event.key}"
+    else:
+        id_ = f"{event.topic}/{event.partition}/{event.offset}"
+    body = event.raw if event.raw is not None else {"op": event.op, "before": event.before, "after": event.after}
+    return id_, {
+        **body,
+        "_key": event.key,
+        "_scn": event.scn,
+        "_topic": event.topic,
+        "_partition": event.partition,
+        "_offset": event.offset,
+    }
+
+
 class BootstrapStoreSink(WindowSink):
     """Fills the bootstrap store that later consumers bootstrap from."""
+
+    failpoint, failpoint_error = "mongo.write", AutoReconnect
 
     def __init__(self, uri_env: str, database: str) -> None:
         super().__init__()
@@ -136,22 +173,58 @@ class BootstrapStoreSink(WindowSink):
 
 
 class KafkaSink(WindowSink):
-    """Row images as JSON to a topic, keyed by row key; a delete is a tombstone."""
+    """Row images as JSON to a topic, keyed by row key; a delete is a tombstone.
 
-    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+    A batch counts as written only when every record's delivery was confirmed: librdkafka drops a
+    record whose delivery failed (authorization, size, policy, message.timeout.ms) from its queue, so an
+    empty queue after `flush` says nothing about success. The producer reports failed deliveries only
+    (`delivery.report.only.error`), so a batch that goes through costs no Python call per record.
+    """
+
+    failpoint, failpoint_error = "kafka.produce", KafkaException
+
+    def __init__(self, bootstrap_servers: str, topic: str, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.topic = topic
-        self.producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+        self._failed: list[KafkaError] = []
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                "delivery.report.only.error": True,
+                "on_delivery": self._report,
+                **(settings or {}),
+            }
+        )
+
+    def _report(self, error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            self._failed.append(error)
 
     def flush(self, events: list[ChangeEvent]) -> None:
+        self._failed = []
         for event in events:
             value = None if event.document is None else json.dumps({**event.document, "_scn": event.scn})
-            self.producer.produce(self.topic, key=event.key.encode(), value=value)
-        if self.producer.flush(30) != 0:
-            raise RuntimeError(f"could not deliver {len(events)} records to {self.topic}")
+            self._produce(event.key.encode(), value)
+        left = self.producer.flush(KAFKA_SINK_FLUSH_SECONDS)
+        if left:
+            raise SinkNotDelivered(f"{left} of {len(events)} records to {self.topic} not delivered in time")
+        if self._failed:
+            raise SinkNotDelivered(
+                f"{len(self._failed)} of {len(events)} records to {self.topic} not delivered: {self._failed[0].str()}"
+            )
+
+    def _produce(self, key: bytes, value: str | None) -> None:
+        """Queue one record; when librdkafka's queue is full, serve deliveries until there is room."""
+        while True:
+            try:
+                self.producer.produce(self.topic, key=key, value=value)
+                return
+            except BufferError:
+                self.producer.poll(KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS)
 
     def close(self) -> None:
-        self.producer.flush(30)
+        self.producer.flush(KAFKA_SINK_FLUSH_SECONDS)
 
 
 class LogSink(WindowSink):

@@ -16,8 +16,9 @@ from typing import Any
 
 from pymongo import ASCENDING, InsertOne
 from pymongo.database import Database
-from pymongo.errors import CursorNotFound
+from pymongo.errors import AutoReconnect, CursorNotFound
 
+from fibers import failpoints
 from fibers.databus.events import ChangeEvent
 from fibers.databus.mongo_servers import MongoServer, Stored, Write, detect
 from fibers.databus.mongo_servers import bulk_write as bulk_write  # bench/databus_throughput.py's plain loop uses it
@@ -101,6 +102,7 @@ def pages(collection: Any, query: dict[str, Any], after: str | None, size: int) 
     after the last page handed out.
     """
     while True:
+        failpoints.hit("bootstrap.read", AutoReconnect)
         cursor = collection.find({**query, **({"_id": {"$gt": after}} if after is not None else {})})
         cursor = cursor.sort("_id", ASCENDING).batch_size(max(size, 100))
         page: list[dict[str, Any]] = []
@@ -110,6 +112,7 @@ def pages(collection: Any, query: dict[str, Any], after: str | None, size: int) 
                 if len(page) == size:
                     yield page
                     after, page = str(page[-1]["_id"]), []
+                    failpoints.hit("bootstrap.read", AutoReconnect)
         except CursorNotFound:
             continue
         finally:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -55,6 +55,12 @@ class Snapshot:
     checkpoint_writes: int
     rollbacks: dict[str, int]  # phase (online | bootstrap) → windows or pages rolled back
     attempt: int  # the attempt the failing window or page is at; 0 once one goes through
+    undecodable: dict[str, int] = field(
+        default_factory=dict
+    )  # skipped | deadLettered → relay records passed over (spec.onUndecodable)
+    api_waiting_since: float | None = (
+        None  # Unix time the API server stopped answering checkpoint writes; None: it answers
+    )
 
 
 class ConsumerCollector(Collector):
@@ -90,6 +96,15 @@ class ConsumerCollector(Collector):
         attempt = gauge("retry_attempt", "Attempts at the window or page that keeps failing (0: none fails).")
         attempt.add_metric([name], s.attempt)
         yield attempt
+        passed = counter("undecodable_records", "Relay records passed over undecoded (spec.onUndecodable).", ["action"])
+        for action, count in sorted(s.undecodable.items()):
+            passed.add_metric([name, action], count)
+        yield passed
+        waiting = gauge(
+            "api_waiting_seconds", "Seconds the instance has been waiting for the API server to take its checkpoints."
+        )
+        waiting.add_metric([name], max(now - s.api_waiting_since, 0.0) if s.api_waiting_since else 0.0)
+        yield waiting
         writes = counter("checkpoint_writes", "Checkpoint writes to the ConfigMap.")
         writes.add_metric([name], s.checkpoint_writes)
         yield writes

@@ -40,6 +40,12 @@ BOOTSTRAP_PAGE_ROWS: Final = 500
 # backoff doubles per attempt up to this).
 MAX_RETRY_PAUSE_SECONDS: Final = 60.0
 
+# How long the Kafka sink waits for a batch's deliveries to be confirmed before it fails the batch (which
+# is then replayed from its checkpoint), and how long it serves deliveries when librdkafka's queue is
+# full before it queues the next record again.
+KAFKA_SINK_FLUSH_SECONDS: Final = 30.0
+KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS: Final = 0.1
+
 # Python's cyclic garbage collector looks at its young objects every 700 allocations by default. The
 # relay loop keeps a batch of events (each with its row dicts) alive until the callbacks have run, so
 # nearly every look found only live objects and moved them on to the older generations, where the
@@ -69,6 +75,25 @@ def settle_collector() -> None:
 LEASE_DURATION_SECONDS: Final = 10.0
 LEASE_RENEW_SECONDS: Final = 2.0
 LEASE_RENEW_DEADLINE_SECONDS: Final = 6.0
+
+# The API server away (a restart, throttling with 429): checkpoint reads and writes are tried again after
+# a backoff that starts at API_RETRY_BASE_SECONDS and doubles up to API_RETRY_CAP_SECONDS (a Retry-After
+# the server sends wins), the consumer pausing meanwhile; a warning is logged once it has waited
+# API_WAIT_NOTICE_SECONDS. A stopping consumer waits at most API_SHUTDOWN_WAIT_SECONDS for its last
+# checkpoint (the pod's 30 s grace must cover it and the Lease releases).
+API_RETRY_BASE_SECONDS: Final = 0.5
+API_RETRY_CAP_SECONDS: Final = 10.0
+API_WAIT_NOTICE_SECONDS: Final = 5.0
+API_SHUTDOWN_WAIT_SECONDS: Final = 10.0
+
+# A Kafka broker, the bootstrap store or the schema registry not answering: the same read is tried
+# again after a pause that starts here and doubles up to the cap (a stop request cuts it short).
+TRANSIENT_RETRY_BASE_SECONDS: Final = 0.5
+TRANSIENT_RETRY_CAP_SECONDS: Final = 10.0
+
+# Compare-and-swap attempts at the checkpoint ConfigMap in one go; instances of one consumer write it
+# at once, so a few conflicts in a row are normal. Past this many the write waits like an outage.
+CHECKPOINT_CONFLICT_TRIES: Final = 10
 
 # How often the relay loop reads the number of instances and tries the Leases of partitions it wants but
 # does not hold: the most a rescale waits on a pod noticing it (two looks, the giver's and the taker's).

@@ -95,6 +95,7 @@ def render_config(
             "retries": policy.get("retries", 5),
             "retryBackoffSeconds": policy.get("retryBackoffSeconds", 1),
         },
+        "onUndecodable": dict(spec.get("onUndecodable") or {}),
         "labels": {LABEL_CONSUMER: meta["name"], "fibers.dev/consumer-uid": meta["uid"]},
         "lineage": {**lineage, "job": f"{meta['namespace']}.databusconsumer.{meta['name']}"} if lineage else None,
     }
