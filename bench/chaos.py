@@ -14,14 +14,19 @@ Scenarios (each prints its figures; the last line is one JSON object with all of
   standby          — two operators through kopf peering (priorities 100 and 50, as the chart runs them):
                      the active one SIGKILLed; seconds until the standby has made a new resource Ready,
                      and whether the standby acted on anything while the active one lived.
+  consumer-faults  — the consumer's fault matrix (bench/consumer_faults.py): every I/O boundary of a
+                     consumer fails, hangs, slows down or dies once while it runs a CDC workload; then
+                     records lost, SCNs gone back, checkpoints ahead of the sink, restarts on
+                     transient faults (all 0), and the windows replayed.
   faults           — with Connect resources Ready and the consumer running under load: Kafka Connect
                      restarted, Kafka restarted, the API server restarted, Connect unreachable for 60 s
                      (its port dropped with iptables, the process left running). For each: did the
                      operator live, seconds from recovery until every resource was Ready again (goal:
                      within two sync intervals), and at the end the rows the consumer lost.
 
-    .venv/bin/python -m bench.chaos [--scenarios operator-kills,transform-kills,consumer-kills,faults,standby]
-        [--resources 200] [--kills 100] [--transform-kills 30] [--consumer-kills 20] [--seed 1]
+    .venv/bin/python -m bench.chaos [--scenarios operator-kills,transform-kills,consumer-kills,consumer-faults,
+        faults,standby] [--resources 200] [--kills 100] [--transform-kills 30] [--consumer-kills 20]
+        [--fault-records 2000] [--seed 1]
 
 The thresholds live here (THRESHOLDS); tests/integration/test_chaos.py runs a small variant of each
 scenario and asserts the invariants, never the timings.
@@ -53,6 +58,7 @@ from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
 import fibers_stack as stack
+from bench import consumer_faults
 from bench.machine import Run, say
 from fibers_stack import crds, namespaces, platform_resources
 from tests.helpers import Resources, debezium_connect, wait_for
@@ -75,6 +81,11 @@ THRESHOLDS: dict[str, float] = {
     "recovery_seconds": 2 * SYNC_INTERVAL,
     "standby_acted_while_active_lived": 0,
     "takeover_seconds": 15 + SYNC_INTERVAL,  # the peering lifetime, then one look at the resource
+    "lost": 0,
+    "scn_backwards": 0,
+    "checkpoint_ahead": 0,
+    "transient_restarts": 0,
+    "broken": 0,
 }
 
 
@@ -778,7 +789,7 @@ def verdict(figures: dict[str, Any]) -> list[str]:
     return broken
 
 
-SCENARIOS = ("operator-kills", "transform-kills", "consumer-kills", "faults", "standby")
+SCENARIOS = ("operator-kills", "transform-kills", "consumer-kills", "consumer-faults", "faults", "standby")
 
 
 def main() -> int:
@@ -791,6 +802,7 @@ def main() -> int:
     parser.add_argument("--consumer-kills", type=int, default=20)
     parser.add_argument("--fault-resources", type=int, default=20, help="Connect resources Ready through the faults")
     parser.add_argument("--outage", type=float, default=60.0, help="seconds Kafka Connect's port is dropped")
+    parser.add_argument("--fault-records", type=int, default=2000, help="changes per case of consumer-faults")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     session = Run("chaos")
@@ -808,6 +820,10 @@ def main() -> int:
                 figures[scenario] = transform_kills(ctx, transforms=args.transforms, reruns=reruns)
             elif scenario == "consumer-kills":
                 figures[scenario] = consumer_kills(ctx, kills=args.consumer_kills)
+            elif scenario == "consumer-faults":
+                figures[scenario] = consumer_faults.matrix(
+                    info, api, namespaces, args.fault_records, args.seed, "", say
+                )
             elif scenario == "standby":
                 figures[scenario] = standby(ctx)
             elif scenario == "faults":

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,7 @@ from pymongo import MongoClient
 import fibers_stack as stack
 from fibers.databus.checkpoint import Checkpoint, timeline_key
 from fibers.databus.store import collection_suffix
+from fibers_stack import namespaces
 
 PARTITIONS = 2
 KEYS = 40
@@ -513,16 +514,14 @@ def main() -> int:
     info = session.stack()
     from kubernetes import config as kube_config
 
-    from fibers_stack import namespaces
-
     api = kube_config.new_client_from_config(config_file=info.kubeconfig)
-    figures = matrix(info, api, namespaces, args.records, args.seed, args.cases, say)
+    figures = matrix(info, api, args.records, args.seed, args.cases, say)
     session.report({**figures, "pass": figures["broken"] == 0})
     return 0 if figures["broken"] == 0 else 1
 
 
 def matrix(
-    info: stack.StackInfo, api: client.ApiClient, namespaces: Any, records: int, seed: int, names: str, say: Any
+    info: stack.StackInfo, api: client.ApiClient, records: int, seed: int, names: str, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Run the matrix (or the cases named) in a namespace of its own; the figures, summed and per case."""
     cases = [c for c in MATRIX if not names or c.name in names.split(",")]
@@ -550,7 +549,7 @@ def matrix(
                 f"{case.name}: lost {outcome.lost}, replayed {outcome.replayed_windows}, restarts {outcome.restarts}, "
                 f"{outcome.seconds} s" + (f" — BROKEN: {', '.join(broken)}" if broken else "")
             )
-            per_case[case.name] = {**outcome.as_dict(), "broken": broken}
+            per_case[case.name] = {**outcome.as_dict(), "problems": broken}
             totals["faults_injected"] += 1
             totals["records"] += records
             totals["replayed_windows"] += outcome.replayed_windows

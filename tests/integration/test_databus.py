@@ -644,3 +644,30 @@ def test_a_consumer_that_exits_says_why_on_the_resource(
     pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"fibers.dev/databusconsumer={unique}")
     container = pods.items[0].spec.containers[0]
     assert container.termination_message_policy == "FallbackToLogsOnError"
+
+
+def test_an_undecodable_record_stops_a_pod_without_a_crash_loop_and_skip_goes_past_it(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
+) -> None:
+    """The default policy (fail) stops on the record with a condition naming it, and the pod waits instead of
+    being restarted into the same record; changing the policy to skip replaces the pod, which goes on."""
+    from confluent_kafka import Producer
+
+    AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap}).create_topics([NewTopic(unique, 1, 1)])[
+        unique
+    ].result(30)
+    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
+    for key, value in ((b"1", b'{"id": 1}'), (b"2", b"\xffnot json"), (b"3", b'{"id": 3}')):
+        producer.produce(unique, key=key, value=value)
+    assert producer.flush(30) == 0
+    consumers.create(unique, {"sources": [unique], "sink": {"type": "log"}, "startPosition": "earliest"})
+    cond = consumers.wait_condition(unique, "False", "UndecodableRecord", timeout=180)
+    assert f"{unique}/0 offset 1" in cond["message"] and "waits to be replaced" in cond["message"], cond
+    time.sleep(15)  # a restart would have come by now (the kubelet's first backoff is 10 s)
+    pod = consumer_pod(kube, namespace, unique)
+    assert pod is not None and pod.status.container_statuses[0].restart_count == 0
+    consumers.patch(unique, {"spec": {"onUndecodable": {"action": "skip"}}})
+    consumers.wait_status(
+        unique, lambda s: (s.get("undecodable") or {}).get("skipped") == 1, timeout=180, what="the record skipped"
+    )
+    consumers.wait_condition(unique, "True", "Consuming", timeout=60)

@@ -820,7 +820,12 @@ class Runtime:
                         message.topic(), message.partition(), message.offset(), message.key(), message.value(), parse
                     )
                 except (MalformedEvent, RegistryUnavailable) as exc:
-                    event = self._undecodable(message, exc)
+                    try:
+                        event = self._undecodable(message, exc)
+                    except ConsumerStopped:
+                        if ready:  # the complete windows before it are applied: the checkpoint stops at the record
+                            self._dispatch(ready, attempts)
+                        raise
                 if event is None:
                     continue
                 if event.window.__class__ is int:  # a record of its own (no transaction): a whole window
