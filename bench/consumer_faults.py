@@ -54,6 +54,8 @@ PARTITIONS = 2
 KEYS = 40
 CALLBACK_TIMEOUT = 3.0  # seconds: a hang of 5 s goes past it
 SETTLE_SECONDS = 90.0  # the most a case waits for the sink to equal the source after its fault
+PACE_SECONDS = 0.01  # between the second half's transactions: many small batches, so the Nth hit of a point comes
+HUNG = "hung on SIGTERM"  # an exit the harness had to force
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ class Generator:
             yield batch
 
 
-def produce(bootstrap: str, workload: Workload, generator: Generator, records: int) -> None:
+def produce(bootstrap: str, workload: Workload, generator: Generator, records: int, *, pace: float = 0.0) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     delivered: list[Change] = []
 
@@ -209,6 +211,9 @@ def produce(bootstrap: str, workload: Workload, generator: Generator, records: i
                 workload.topic, key=key.encode(), value=json.dumps(envelope), partition=partition, on_delivery=report
             )
         producer.poll(0)
+        if pace:
+            producer.flush(10)
+            time.sleep(pace)
     if producer.flush(30):
         raise RuntimeError("the workload was not delivered")
     workload.changes.extend(sorted(delivered, key=lambda c: c.scn))
@@ -221,7 +226,8 @@ class Outcome:
     case: str
     records: int
     restarts: int = 0
-    exits: list[int | None] = field(default_factory=list)  # exit codes of the processes that ended (None: killed)
+    exits: list[int | str | None] = field(default_factory=list)  # each process's exit code (None: the fault's kill)
+    fired: int = 0  # times the case's failpoint fired (0: the case tested nothing)
     lost: int = 0  # keys whose latest value the sink does not hold (or changes a history or topic lacks)
     scn_backwards: int = 0
     checkpoint_ahead: int = 0
@@ -343,41 +349,46 @@ class Harness:
         with self._sampling(unique, "mongodb" in case.sinks, outcome):
             proc = self._start(config, log, case.spec)
             half = threading.Thread(
-                target=produce, args=(self.info.kafka_bootstrap, workload, generator, records - records // 2)
+                target=produce,
+                args=(self.info.kafka_bootstrap, workload, generator, records - records // 2),
+                kwargs={"pace": PACE_SECONDS},
             )
             half.start()
             deadline = time.monotonic() + SETTLE_SECONDS
+            ended = False  # the process ended by itself: a finding, not something to paper over with a restart
             while time.monotonic() < deadline:
-                if proc.poll() is not None:  # died: check the checkpoint against the view, then start it again
-                    outcome.exits.append(None if proc.returncode == -signal.SIGKILL else proc.returncode)
+                code = proc.poll()
+                if code is not None:  # died: check the checkpoint against the view, then start it again
+                    killed = code == -signal.SIGKILL
+                    outcome.exits.append(None if killed else code)
                     if "mongodb" in case.sinks:
                         half.join()
                         before = self._checkpoint_offsets(config["name"], unique)
                         outcome.checkpoint_ahead += self._behind(self._view(unique, "mongodb"), workload, before)
-                    if proc.returncode not in (-signal.SIGKILL,) or outcome.restarts >= case.restarts + 1:
-                        break  # a crash is a finding, not something to paper over with restarts
+                    if not killed or outcome.restarts > case.restarts:
+                        ended = True
+                        break
                     outcome.restarts += 1
                     proc = self._start(config, log)
-                half.join(timeout=0)
                 if not half.is_alive() and self._settled(case, unique, workload):
                     break
                 time.sleep(0.5)
             half.join()
-            if proc.poll() is None:
+            if not ended:
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(30)
+                    outcome.exits.append(proc.wait(30))
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-                    outcome.exits.append(None)
-            elif not outcome.exits or outcome.exits[-1] != proc.returncode:
-                outcome.exits.append(proc.returncode)
+                    outcome.exits.append(HUNG)
         for other in procs:
             other.send_signal(signal.SIGTERM)
             other.wait(30)
         outcome.lost = self._lost(case, unique, workload)
-        outcome.replayed_windows = log.read_text().count("rolling back") if log.exists() else 0
+        text = log.read_text() if log.exists() else ""
+        outcome.replayed_windows = text.count("rolling back")
+        outcome.fired = text.count("failpoint fired")
         outcome.seconds = round(time.monotonic() - started, 1)
         outcome.log_tail = log.read_text()[-3000:] if log.exists() else ""
         self.mongo.drop_database(unique)
@@ -495,9 +506,11 @@ def verdict(case: Case, outcome: Outcome) -> list[str]:
     for figure in ("lost", "scn_backwards", "checkpoint_ahead"):
         if getattr(outcome, figure):
             broken.append(f"{figure}={getattr(outcome, figure)}")
+    if not outcome.fired:
+        broken.append("the fault never fired")
     if outcome.restarts != case.restarts:
         broken.append(f"restarts={outcome.restarts} (expected {case.restarts})")
-    if any(code not in (None, 0) for code in outcome.exits):
+    if any(code not in (None, 0) for code in outcome.exits):  # a crash, an error exit, or a hang on SIGTERM
         broken.append(f"exit codes {outcome.exits}")
     return broken
 
@@ -555,7 +568,8 @@ def matrix(
             totals["replayed_windows"] += outcome.replayed_windows
             for figure in ("lost", "scn_backwards", "checkpoint_ahead"):
                 totals[figure] += getattr(outcome, figure)
-            totals["transient_restarts"] += outcome.restarts if case.transient else 0
+            if case.transient:  # any end of the process before the last SIGTERM is one restart too many
+                totals["transient_restarts"] += len(outcome.exits) - 1
             totals["broken"] += bool(broken)
     finally:
         harness.close()

@@ -82,13 +82,19 @@ def _consume(args: argparse.Namespace) -> int:
             runtime.telemetry.serve(args.metrics_port)
     except Exception as exc:  # the sink or callback could not be set up (a class that does not import, …)
         termination.write(f"{type(exc).__name__}: {exc}", config.secrets())
-        return _halted(api, config, pod, _crashed(exc, config.secrets()))  # a restart would fail the same way
+        code = _crashed(exc, config.secrets())
+        # A class that does not import or take its options fails the same way after a restart; anything else
+        # (a DNS look-up, a port in use) may not.
+        return _halted(api, config, pod, code) if isinstance(exc, SETUP_FOR_GOOD) else code
     tuning.settle_collector()
     try:
         code = runtime.run()
     except Exception as exc:  # run() has written the termination message and the FAIL lineage event
         return _crashed(exc, config.secrets())
     return _halted(api, config, pod, code) if code == UNDECODABLE_EXIT else code
+
+
+SETUP_FOR_GOOD = (ImportError, AttributeError, TypeError, ValueError)
 
 
 def _halted(api: Api, config: ConsumerConfig, pod: str | None, code: int) -> int:

@@ -20,6 +20,7 @@ A spec is `point=action;point=action…`; an action is `[skip+][count*]kind[(arg
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+log = logging.getLogger("fibers.failpoints")
 ENV = "FIBERS_FAILPOINTS"
 HANG_SECONDS = 3600.0  # `hang` without an argument: longer than any timeout a test waits out
 _ACTION = re.compile(r"^(?:(\d+)\+)?(?:(\d+)\*)?(error|sleep|hang|kill)(?:\(([0-9.]+)\))?$")
@@ -102,6 +104,7 @@ def _fire(name: str, error: Raises | None) -> None:
         if action is None or not action.due():
             return
         fired[name] = fired.get(name, 0) + 1
+    log.warning("failpoint fired", extra={"point": name, "action": action.kind})  # what a test reads back
     if action.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action.kind in ("sleep", "hang"):

@@ -64,11 +64,14 @@ class Registry:
             reply = self._http.get(path)
         except httpx.HTTPError as exc:
             raise RegistryUnavailable(f"schema registry at {self.url}: {exc or type(exc).__name__}") from None
-        if reply.status_code == 429 or reply.status_code >= 500:
+        if reply.status_code == 404:  # the schema id or subject is not there: the record's fault, not the registry's
+            raise WireFormatError(f"schema registry at {self.url}{path}: HTTP 404 {reply.text[:200]}")
+        if reply.status_code != 200:  # 429, 5xx, and 401/403 (credentials rotated): never a reason to pass records
             raise RegistryUnavailable(f"schema registry at {self.url}{path}: HTTP {reply.status_code}")
-        if reply.status_code != 200:
-            raise WireFormatError(f"schema registry at {self.url}{path}: HTTP {reply.status_code} {reply.text[:200]}")
-        return reply.json()
+        try:
+            return reply.json()
+        except ValueError:
+            raise RegistryUnavailable(f"schema registry at {self.url}{path}: an answer that is not JSON") from None
 
     def schema_text(self, schema_id: int) -> str:
         """The schema with this id, as the registry holds it (Avro JSON)."""

@@ -180,3 +180,17 @@ def test_a_failing_record_of_a_singles_run_leaves_the_records_before_it_done(onl
     with pytest.raises(WindowFailed, match="offset 3"):
         window_dispatcher(OnlyEvents() if only_events else FailsAtThree())(Singles(window(1, 2, 3, 4)), results)
     assert len(results) == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"op": "c", "source": {"lsn": "x"}, "after": {"id": 1}}',  # an LSN that is no number
+        b'{"op": "u", "source": "pg", "after": {"id": 1}}',  # a source that is no object
+        b'{"op": "c", "source": {"lsn": 5}, "after": {"id": 1}, "ts_ms": "now"}',
+    ],
+)
+def test_an_envelope_that_is_json_but_not_a_change_is_malformed_not_a_crash(value: bytes) -> None:
+    """These raised ValueError or AttributeError out of decode, past the undecodable policy: a crash loop."""
+    with pytest.raises(MalformedEvent, match="t/0@3: not JSON"):
+        decode("t", 0, 3, b"1", value)

@@ -111,12 +111,13 @@ def registry_server() -> Iterator[tuple[str, type[_Registry]]]:
     server.server_close()
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
+@pytest.mark.parametrize("status", [401, 403, 429, 500, 503])
 def test_a_registry_that_is_busy_or_failing_is_unavailable_not_a_bad_record(
     registry_server: tuple[str, type[_Registry]], status: int
 ) -> None:
     """A registry outage used to read as MalformedEvent (WireFormatError is a ValueError): the consumer
-    stopped on good records. It is RegistryUnavailable now, which decode hands on for the runtime to wait out."""
+    stopped on good records (or, with onUndecodable skip, would pass them all while its credentials were
+    wrong). It is RegistryUnavailable now, which decode hands on for the runtime to wait out."""
     url, handler = registry_server
     handler.status = status
     decoder = AvroDecoder(Registry(url))
@@ -132,3 +133,10 @@ def test_a_registry_that_does_not_answer_is_unavailable() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(RegistryUnavailable):
         Registry(f"http://127.0.0.1:{port}", timeout=2).schema_text(1)
+
+
+def test_a_schema_the_registry_does_not_have_is_the_records_fault(registry_server: tuple[str, type[_Registry]]) -> None:
+    url, handler = registry_server
+    handler.status = 404
+    with pytest.raises(MalformedEvent, match="HTTP 404"):
+        decode("t", 0, 1, None, HEADER.pack(0, 9) + b"\x02", AvroDecoder(Registry(url)))

@@ -85,7 +85,10 @@ class CheckpointStore:
         self.tokens: dict[str, int] = {}  # timeline key → our fencing token, from claim()
         self.fenced: set[str] = set()  # timelines a write found claimed by a newer owner (the consumer drops them)
         self.stopping: Callable[[], bool] = lambda: False  # the consumer is shutting down: wait for the API less
+        self.pause: Callable[[float], object] = time.sleep  # the wait between tries (the consumer's: cut by a stop)
         self.waiting_since: float | None = None  # Unix time the API server stopped answering us (None: it answers)
+        self._give_up_at: float | None = None  # once stopping: when (monotonic) to stop waiting for the API server
+        self._stop_recorded = False  # the ConfigMap says why an earlier instance stopped: cleared on progress
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """`call()` until it goes through; a transient failure (no answer, 429, 5xx, contention) is tried
@@ -97,16 +100,22 @@ class CheckpointStore:
             except (ApiError, Unreachable) as exc:
                 if not (transient(exc) or isinstance(exc, Contended)):
                     raise
-                waited = time.monotonic() - started
-                if self.stopping() and waited >= API_SHUTDOWN_WAIT_SECONDS:
-                    raise StoreUnavailable(f"{what}: {exc}") from None
+                delay = retry_delay(exc, attempt, base=API_RETRY_BASE_SECONDS, cap=API_RETRY_CAP_SECONDS)
+                attempt += 1
                 if self.waiting_since is None:
                     self.waiting_since = time.time()
-                if waited >= API_WAIT_NOTICE_SECONDS and not told:
+                if time.monotonic() - started >= API_WAIT_NOTICE_SECONDS and not told:
                     told = True
                     log.warning("waiting for the API server", extra={"doing": what, "error": str(exc)})
-                attempt += 1
-                time.sleep(retry_delay(exc, attempt, base=API_RETRY_BASE_SECONDS, cap=API_RETRY_CAP_SECONDS))
+                if self.stopping():  # one budget for every wait of a stopping consumer, its last checkpoint's included
+                    if self._give_up_at is None:
+                        self._give_up_at = time.monotonic() + API_SHUTDOWN_WAIT_SECONDS
+                    left = self._give_up_at - time.monotonic()
+                    if left <= 0:
+                        raise StoreUnavailable(f"{what}: {exc}") from None
+                    time.sleep(min(delay, left))
+                else:
+                    self.pause(delay)
                 continue
             if told:
                 log.info("the API server answers again", extra={"doing": what, "seconds": time.monotonic() - started})
@@ -122,8 +131,9 @@ class CheckpointStore:
         cm = self._retrying("reading checkpoints", self._read)
         if cm is None:
             return Checkpoints(self.sources)
-        if (cm["metadata"].get("annotations") or {}).get(self.stopped_key):
-            self.record_stop("")  # a new start: whatever stopped the instance before is for this one to find again
+        # Cleared once this instance gets past where the last one stopped (a checkpoint moved, a record passed):
+        # clearing at start would make the condition flap while a new pod stops on the same record again.
+        self._stop_recorded = bool((cm["metadata"].get("annotations") or {}).get(self.stopped_key))
         return Checkpoints.from_configmap_data(cm.get("data") or {}, self.sources)
 
     def claim(self, key: str) -> tuple[int, Checkpoints]:
@@ -185,6 +195,12 @@ class CheckpointStore:
 
         self._retrying("recording why the instance stopped", write)
 
+    def clear_stop(self) -> None:
+        """The consumer got past where an earlier instance stopped: take its reason off the ConfigMap."""
+        if self._stop_recorded:
+            self.record_stop("")
+            self._stop_recorded = False
+
     def forget(self, key: str) -> None:
         """Stop writing timeline `key` (given up or lost): its pending checkpoint is dropped."""
         self.tokens.pop(key, None)
@@ -207,6 +223,8 @@ class CheckpointStore:
     def _flush(self) -> bool:
         stats = {**self.stats_source(), "lastCheckpointTime": format_time(utcnow())}
         annotations = {f"{STATS_ANNOTATION}{self.instance}": json.dumps(stats, sort_keys=True)}
+        if self._stop_recorded:
+            annotations[self.stopped_key] = ""
         for _ in range(CHECKPOINT_CONFLICT_TRIES):
             cm = self._read()
             if fenced := fenced_keys(_owners(cm), self.tokens, self.pending):
@@ -223,6 +241,7 @@ class CheckpointStore:
             written = time.time()
             self.written.update(dict.fromkeys(self.pending, written))
             self.pending.clear()
+            self._stop_recorded = False
             self.last_write = time.monotonic()
             self.writes += 1
             return True

@@ -76,7 +76,9 @@ def _key_text(key: bytes | None, row: dict[str, Any] | None, parse: Parser = par
             return key.decode()
         try:  # a key the registry framed (magic byte 0) goes through `parse`; any other is JSON or text
             decoded = _unwrap((parse if key[:1] == b"\x00" else parse_json)(key))
-        except ValueError:
+        except Exception as exc:  # a decoder's errors vary; its server away is no reason to take the key as text
+            if getattr(exc, "transient", False):
+                raise
             return key.decode(errors="replace")
         if isinstance(decoded, dict):
             return (
@@ -100,25 +102,27 @@ def decode(
     """
     if value is None:
         return None
-    try:
+    try:  # one try around it all: free while nothing raises, and every way a record can be bad is caught
         payload = parse(value)
-    except Exception as exc:  # a decoder's own errors vary (ValueError, EOFError, IndexError, …)
+        if type(payload) is dict and "payload" in payload and len(payload) == 2 and "schema" in payload:
+            payload = payload["payload"]  # _unwrap, inline: this runs for every record
+        if type(payload) is dict:
+            if "op" in payload and "source" in payload:
+                return _debezium(topic, partition, offset, key, payload, parse)
+            row = payload
+        elif payload is None:
+            return None
+        else:
+            row = {"value": payload}
+        text = key.decode() if key and key.isdigit() else _key_text(key, row, parse)  # the common key, inline
+        return ChangeEvent(topic, partition, offset, text, "u", offset, offset, row, None, 0, row)
+    except MalformedEvent:
+        raise
+    except Exception as exc:  # a decoder's errors vary (ValueError, EOFError, …), and so do an envelope's
         if getattr(exc, "transient", False):  # the decoder's server is away: not the record's fault
             raise
         what = "JSON" if parse is parse_json else "decodable"
-        raise MalformedEvent(f"{topic}/{partition}@{offset}: value is not {what}: {exc}") from None
-    if type(payload) is dict and "payload" in payload and len(payload) == 2 and "schema" in payload:
-        payload = payload["payload"]  # _unwrap, inline: this runs for every record
-    if type(payload) is dict:
-        if "op" in payload and "source" in payload:
-            return _debezium(topic, partition, offset, key, payload, parse)
-        row = payload
-    elif payload is None:
-        return None
-    else:
-        row = {"value": payload}
-    text = key.decode() if key and key.isdigit() else _key_text(key, row, parse)  # the common key, inline
-    return ChangeEvent(topic, partition, offset, text, "u", offset, offset, row, None, 0, row)
+        raise MalformedEvent(f"{topic}/{partition}@{offset}: not {what}: {type(exc).__name__}: {exc}") from None
 
 
 def _debezium(

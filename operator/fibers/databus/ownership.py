@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fibers import failpoints
 from fibers.conditions import utcnow
 from fibers.databus.checkpoint import timeline_key
 from fibers.databus.tuning import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
@@ -221,6 +222,7 @@ class Leases:
             held = dict(self.held)
         for key, lease in held.items():
             try:
+                failpoints.hit("lease.renew", Unreachable)
                 written = self._write_ours(lease, {"renewTime": _micro_time()})
             except (ApiError, Unreachable) as exc:
                 if isinstance(exc, ApiError) and exc.status == 404:

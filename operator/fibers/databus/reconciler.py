@@ -290,11 +290,12 @@ class DatabusReconciler:
 def _mirror_checkpoints(
     status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str], instances: int
 ) -> None:
-    if len(checkpoints):
-        progress = reported(checkpoints.values())
+    progress = reported(checkpoints.values())
+    if progress and any(cp.consumption_mode.value != "INIT" for cp in progress):  # INIT alone: nothing consumed yet
         status["consumptionMode"] = min((cp.consumption_mode.value for cp in progress), key=MODE_ORDER.index)
         status["windowScn"] = min(cp.window_scn for cp in progress)
         status["prevScn"] = min(cp.prev_scn for cp in progress)
+    if len(checkpoints):
         status["timelines"] = len(checkpoints)
     stats = instance_stats(annotations, instances)
     if stats:
@@ -304,8 +305,9 @@ def _mirror_checkpoints(
         if sinks := _sink_figures(stats):
             status["sinks"] = sinks
         passed = [s.get("undecodable") or {} for s in stats]
-        if any(passed):
-            status["undecodable"] = {k: sum(int(p.get(k) or 0) for p in passed) for k in ("skipped", "deadLettered")}
+        undecodable = {k: sum(int(p.get(k) or 0) for p in passed) for k in ("skipped", "deadLettered")}
+        if any(undecodable.values()):
+            status["undecodable"] = undecodable
 
 
 def stopped_instances(annotations: dict[str, str], instances: int) -> str:

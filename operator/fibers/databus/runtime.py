@@ -45,7 +45,7 @@ from fibers.databus.checkpoint import (
     reported,
     timeline_key,
 )
-from fibers.databus.checkpoint_store import CheckpointStore
+from fibers.databus.checkpoint_store import CheckpointStore, StoreUnavailable
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.driver import CallbackDriver, CallbackTimeout
 from fibers.databus.events import ChangeEvent, MalformedEvent, Parser, decode, parse_json
@@ -88,6 +88,10 @@ def next_offset(cp: Checkpoint | None) -> int | None:
 
 class BootstrapInterrupted(Exception):
     """A bootstrap stopped between pages: the consumer is stopping, or no longer owns its timelines."""
+
+
+class _StoppedWaiting(Exception):
+    """A stop request came while the consumer waited for a server: it ends cleanly, without a checkpoint."""
 
 
 class ConsumerStopped(Exception):
@@ -246,6 +250,7 @@ class Runtime:
         self.stopping = False
         self._stop = threading.Event()  # set with `stopping`: pauses end early when the consumer stops
         self.store.stopping = lambda: self.stopping
+        self.store.pause = self._stop.wait  # a stop request cuts the store's waits short
         self.undecodable = UndecodablePolicy(config.on_undecodable, config.dead_letter_topic, config.bootstrap_servers)
         # One thread per callback, for relay windows and bootstrap pages alike.
         self.driver = CallbackDriver(len(self.callbacks), config.callback_timeout)
@@ -359,10 +364,9 @@ class Runtime:
             self.leases.start()
             self._look()
             self._consume()
+        except (StoreUnavailable, _StoppedWaiting) as exc:  # asked to stop while a server was away: a normal end
+            log.warning("stopped while waiting: %s (what was not checkpointed is replayed)", exc)
         except ConsumerStopped as exc:
-            if exc.code == 0:  # asked to stop while waiting for a server: a normal end
-                log.info("consumer stopped: %s", exc)
-                return 0
             message = redact(str(exc), self.config.secrets())
             log.error("consumer stopped: %s", message)
             termination.write(message)
@@ -447,7 +451,12 @@ class Runtime:
         except (ApiError, Unreachable) as exc:  # try again at the next look; what is held stays held
             log.warning("could not hand partitions over", extra={"error": str(exc)})
         if taken:
-            self._take(taken, stored)
+            try:
+                self._take(taken, stored)
+            except (KafkaException, ConnectionFailure) as exc:  # a server away: taken again at the next look
+                log.warning("could not start the timelines taken", extra={"error": str(exc)})
+                for timeline in taken:
+                    self._drop(timeline_key(*timeline))
         return gone
 
     def _lease(self, topic: str, partition: int) -> str:
@@ -478,41 +487,51 @@ class Runtime:
             for key in keys:
                 if key in stored:
                     self.checkpoints[key] = stored[key]
-            for group, reason in self._bootstraps(topic, partitions, stored):
+            bootstraps = self._bootstraps(topic, partitions, stored)
+            booting = {p for group, _ in bootstraps for p in group}
+            # Before any bootstrap: "latest" is the end as of now, not once the other partitions' bootstraps are done.
+            self._resolve_starts(topic, [p for p in partitions if p not in booting])
+            for group, reason in bootstraps:
                 try:
                     self._bootstrap(topic, group, reason=reason)
                 except BootstrapInterrupted as exc:
                     log.warning("bootstrap interrupted", extra={"topic": topic, "why": str(exc)})
+                    if self.stopping:
+                        return  # what is held is written and released by the shutdown
                     for partition in group:
                         self._drop(timeline_key(topic, partition))
                     partitions = [p for p in partitions if p not in group]
-            resolved = []
+            self._resolve_starts(topic, partitions)  # a bootstrap ends with a position: none is left, unless it did not
             for partition in partitions:
-                key = timeline_key(topic, partition)
-                resume = next_offset(self.checkpoints.get(key))
-                if resume is None:
-                    resume = self._start_offset(topic, partition)
-                    self.checkpoints[key] = self.checkpoints.get(key, Checkpoint.initial()).with_values(
-                        {NEXT_OFFSET: resume}
-                    )
-                    resolved.append(key)
+                resume = next_offset(self.checkpoints.get(timeline_key(topic, partition)))
+                assert resume is not None  # every partition has a position by now (_resolve_starts)
                 assignments.append(TopicPartition(topic, partition, resume))
-            if resolved:  # before anything is read: "latest" means the end as of the first start, ever
-                self._save(resolved, force=True)
         if self.stopping:
             return
         self.consumer.incremental_assign(assignments)
         self.held.update({timeline_key(tp.topic, tp.partition): (tp.topic, tp.partition) for tp in assignments})
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
 
-    def _start_offset(self, topic: str, partition: int) -> int:
-        """Where a timeline with no position starts (startPosition), as an offset: "latest" is the end of
-        the partition now, "earliest" (and a bootstrap's online partitions) the first offset Kafka keeps."""
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-        return int(high if self.config.start_position == "latest" else low)
+    def _resolve_starts(self, topic: str, partitions: list[int]) -> None:
+        """Give the partitions with no position one, as startPosition says, and write it at once, before anything
+        is read: "latest" is the end of the partition now, "earliest" (and a bootstrap's online partitions) the
+        first offset Kafka keeps. Resolved once, ever: a restart resumes from it like from any checkpoint."""
+        resolved = []
+        for partition in partitions:
+            key = timeline_key(topic, partition)
+            if next_offset(self.checkpoints.get(key)) is None:
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+                offset = int(high if self.config.start_position == "latest" else low)
+                self.checkpoints[key] = self.checkpoints.get(key, Checkpoint.initial()).with_values(
+                    {NEXT_OFFSET: offset}
+                )
+                resolved.append(key)
+        if resolved:
+            self._save(resolved, force=True)
 
     def _drop(self, key: str) -> None:
-        """Forget a timeline taken but not consumed (its bootstrap was interrupted): the next owner resumes it."""
+        """Forget a timeline taken but not consumed (its Lease lost, or a server away while it was being
+        started): the next owner, or this instance at its next look, takes it again from its checkpoint."""
         self.checkpoints.pop(key, None)
         self.store.forget(key)
         self.leases.forget(key)
@@ -646,6 +665,8 @@ class Runtime:
         """In callback `index`'s thread: one bootstrap page, timed like a batch of windows."""
         started = time.perf_counter()
         failpoints.hit("callback")
+        if self.driver.abandoned():  # timed out before it began: the replay delivers the page
+            raise CallbackTimeout("abandoned after the timeout")
         bootstrap_page(self.callbacks[index], events, scn, self.driver.abandoned)
         if self._sink_timers:
             self._sink_timers[index](time.perf_counter() - started)
@@ -776,7 +797,8 @@ class Runtime:
 
     def _wait_transient(self, attempt: int) -> None:
         """The pause before trying a server that did not answer again: doubling, bounded, cut short by a stop."""
-        self._stop.wait(min(TRANSIENT_RETRY_BASE_SECONDS * 2 ** (attempt - 1), TRANSIENT_RETRY_CAP_SECONDS))
+        exponent = min(attempt - 1, 30)  # bounded: no overflow however long the outage
+        self._stop.wait(min(TRANSIENT_RETRY_BASE_SECONDS * 2**exponent, TRANSIENT_RETRY_CAP_SECONDS))
 
     def _set(self, keys: list[str], cp: Checkpoint, force: bool = False) -> None:
         for key in keys:
@@ -882,14 +904,16 @@ class Runtime:
             log.warning("schema registry unavailable; decoding again", extra={"attempt": attempt, "error": str(error)})
             self._wait_transient(attempt)
             if self.stopping:
-                raise ConsumerStopped("stopped while waiting for the schema registry", code=0)
+                raise _StoppedWaiting("for the schema registry")
             try:
                 return decode(
                     message.topic(), message.partition(), message.offset(), message.key(), message.value(), self._parse
                 )
             except (MalformedEvent, RegistryUnavailable) as exc:
                 error = exc
-        if not self.undecodable.passes(message, error):
+        if self.undecodable.passes(message, error):
+            self.store.clear_stop()  # a record the last instance stopped on is passed now
+        else:
             raise ConsumerStopped(
                 f"UndecodableRecord: {message.topic()}/{message.partition()} offset {message.offset()}: {error} "
                 "(spec.onUndecodable: fail)",
@@ -1013,6 +1037,7 @@ class Runtime:
         except Exception:
             log.exception("could not write the last checkpoint")
         self.leases.release_all()  # after the last checkpoint: the next owner starts from it
+        self.undecodable.close()
         try:
             for callback in self.callbacks:
                 try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -70,13 +70,19 @@ class WindowSink(Callback):
     failpoint: str = "sink.write"
     failpoint_error: type[Exception] = RuntimeError
 
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.failpoint_done = f"{cls.failpoint}.done"  # named once, not per batch
+
+    failpoint_done = "sink.write.done"
+
     def on_end_batch(self) -> None:
         """Write every complete window received since the last batch (raises on failure)."""
         events, self.completed = self.completed, []
         if events:
             failpoints.hit(self.failpoint, self.failpoint_error)
             self.flush(events)
-            failpoints.hit(f"{self.failpoint}.done", self.failpoint_error)
+            failpoints.hit(self.failpoint_done, self.failpoint_error)
 
     def flush(self, events: list[ChangeEvent]) -> None:
         raise NotImplementedError
@@ -186,39 +192,39 @@ class KafkaSink(WindowSink):
     def __init__(self, bootstrap_servers: str, topic: str, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.topic = topic
-        self._failed: list[KafkaError] = []
         self.producer = Producer(
             {
                 "bootstrap.servers": bootstrap_servers,
                 "enable.idempotence": True,
                 "delivery.report.only.error": True,
-                "on_delivery": self._report,
                 **(settings or {}),
             }
         )
 
-    def _report(self, error: KafkaError | None, _message: object) -> None:
-        if error is not None:
-            self._failed.append(error)
-
     def flush(self, events: list[ChangeEvent]) -> None:
-        self._failed = []
+        # Each flush has its own list: an abandoned thread still flushing must not reset the replay's.
+        failed: list[KafkaError] = []
+
+        def report(error: KafkaError | None, _message: object) -> None:
+            if error is not None:
+                failed.append(error)
+
         for event in events:
             value = None if event.document is None else json.dumps({**event.document, "_scn": event.scn})
-            self._produce(event.key.encode(), value)
+            self._produce(event.key.encode(), value, report)
         left = self.producer.flush(KAFKA_SINK_FLUSH_SECONDS)
         if left:
             raise SinkNotDelivered(f"{left} of {len(events)} records to {self.topic} not delivered in time")
-        if self._failed:
+        if failed:
             raise SinkNotDelivered(
-                f"{len(self._failed)} of {len(events)} records to {self.topic} not delivered: {self._failed[0].str()}"
+                f"{len(failed)} of {len(events)} records to {self.topic} not delivered: {failed[0].str()}"
             )
 
-    def _produce(self, key: bytes, value: str | None) -> None:
+    def _produce(self, key: bytes, value: str | None, report: Callable[[KafkaError | None, object], None]) -> None:
         """Queue one record; when librdkafka's queue is full, serve deliveries until there is room."""
         while True:
             try:
-                self.producer.produce(self.topic, key=key, value=value)
+                self.producer.produce(self.topic, key=key, value=value, on_delivery=report)
                 return
             except BufferError:
                 self.producer.poll(KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS)
