@@ -653,9 +653,8 @@ def test_an_undecodable_record_stops_a_pod_without_a_crash_loop_and_skip_goes_pa
     being restarted into the same record; changing the policy to skip replaces the pod, which goes on."""
     from confluent_kafka import Producer
 
-    AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap}).create_topics([NewTopic(unique, 1, 1)])[
-        unique
-    ].result(30)
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # held: its futures die with it
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
     producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
     for key, value in ((b"1", b'{"id": 1}'), (b"2", b"\xffnot json"), (b"3", b'{"id": 3}')):
         producer.produce(unique, key=key, value=value)
