@@ -60,6 +60,7 @@ from fibers.databus.tuning import (
     MAX_RETRY_PAUSE_SECONDS,
     OWNERSHIP_CHECK_SECONDS,
     QUIET_SECONDS,
+    TAKE_RETRIES,
     TRANSIENT_RETRY_BASE_SECONDS,
     TRANSIENT_RETRY_CAP_SECONDS,
 )
@@ -261,6 +262,7 @@ class Runtime:
         self.partitions: dict[str, list[int]] = {}  # every partition of each relay topic
         self.held: dict[str, tuple[str, int]] = {}  # timeline key → (topic, partition) consumed here now
         self._next_look = 0.0  # when (monotonic) the relay loop next looks at ownership
+        self._take_failures = 0  # looks in a row that could not start the timelines they took
         self.rollbacks = {"online": 0, "bootstrap": 0}  # windows / pages rolled back, for the metrics
         self.attempt = 0  # the attempt the failing window or page is at (0: the last one went through)
         self.lags: dict[str, int] = {}  # timeline key → records after its checkpoint, as last measured
@@ -453,8 +455,15 @@ class Runtime:
         if taken:
             try:
                 self._take(taken, stored)
+                self._take_failures = 0
             except (KafkaException, ConnectionFailure) as exc:  # a server away: taken again at the next look
-                log.warning("could not start the timelines taken", extra={"error": str(exc)})
+                self._take_failures += 1
+                if self._take_failures > TAKE_RETRIES:  # away for good, or a wrong address: say so (exit)
+                    raise
+                log.warning(
+                    "could not start the timelines taken; again at the next look",
+                    extra={"error": str(exc), "attempt": self._take_failures},
+                )
                 for timeline in taken:
                     self._drop(timeline_key(*timeline))
         return gone

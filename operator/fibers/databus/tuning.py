@@ -91,6 +91,11 @@ API_SHUTDOWN_WAIT_SECONDS: Final = 10.0
 TRANSIENT_RETRY_BASE_SECONDS: Final = 0.5
 TRANSIENT_RETRY_CAP_SECONDS: Final = 10.0
 
+# Looks in a row (one a second, after the server's own timeout) that may fail to start the timelines they
+# took because Kafka or the bootstrap store did not answer, before the consumer stops and says why: a
+# blip is ridden out, a wrong address or a server gone for good is shown on the resource.
+TAKE_RETRIES: Final = 3
+
 # Compare-and-swap attempts at the checkpoint ConfigMap in one go; instances of one consumer write it
 # at once, so a few conflicts in a row are normal. Past this many the write waits like an outage.
 CHECKPOINT_CONFLICT_TRIES: Final = 10
