@@ -434,7 +434,7 @@ class Runtime:
         try:
             replicas = self.members.replicas()
         except Exception as exc:  # the API server is away: keep what we hold, take nothing new
-            log.warning("could not read the number of instances", extra={"error": str(exc)})
+            log.warning("could not read the number of instances", extra={"error": self._masked(exc)})
             return gone
         wanted = owned_keys(self.partitions, replicas, self.members.ordinal)
         giving = [self.held[k] for k in self.held if k not in wanted]
@@ -451,7 +451,7 @@ class Runtime:
                     _, stored = self.store.claim(key)
                     taken.append(timeline)
         except (ApiError, Unreachable) as exc:  # try again at the next look; what is held stays held
-            log.warning("could not hand partitions over", extra={"error": str(exc)})
+            log.warning("could not hand partitions over", extra={"error": self._masked(exc)})
         if taken:
             try:
                 self._take(taken, stored)
@@ -462,11 +462,16 @@ class Runtime:
                     raise
                 log.warning(
                     "could not start the timelines taken; again at the next look",
-                    extra={"error": str(exc), "attempt": self._take_failures},
+                    extra={"error": self._masked(exc), "attempt": self._take_failures},
                 )
                 for timeline in taken:
                     self._drop(timeline_key(*timeline))
         return gone
+
+    def _masked(self, error: BaseException) -> str:
+        """An error as logged: pymongo names what it took for a host, which a URI that is not one (a password
+        where the URI belongs) makes a secret; URL credentials and the configured URIs are masked."""
+        return redact(str(error), self.config.secrets())
 
     def _lease(self, topic: str, partition: int) -> str:
         return lease_name(self.config.name, topic, partition)
@@ -656,7 +661,7 @@ class Runtime:
                 self.attempt = tries
                 first = events[0]
                 where = {"topic": first.topic, "phase": first.window, "scn": scn, "attempt": tries}
-                log.warning("bootstrap page failed; rolling back", extra=where | {"error": str(exc)})
+                log.warning("bootstrap page failed; rolling back", extra=where | {"error": self._masked(exc)})
                 self._tell("on_bootstrap_error", exc)
                 self._tell("on_bootstrap_rollback", checkpoint.window_scn)
                 if tries > self.config.retries:
@@ -800,7 +805,9 @@ class Runtime:
                 return
             except ConnectionFailure as exc:
                 attempt += 1
-                log.warning("bootstrap store unreachable; reading again", extra={"attempt": attempt, "error": str(exc)})
+                log.warning(
+                    "bootstrap store unreachable; reading again", extra={"attempt": attempt, "error": self._masked(exc)}
+                )
                 self._wait_transient(attempt)
                 self._still_ours(keys)
 
@@ -836,7 +843,9 @@ class Runtime:
                 if not exc.args[0].retriable():
                     raise ConsumerStopped(f"Kafka error: {exc.args[0].str()}") from None
                 polls_failed += 1
-                log.warning("Kafka poll failed; polling again", extra={"attempt": polls_failed, "error": str(exc)})
+                log.warning(
+                    "Kafka poll failed; polling again", extra={"attempt": polls_failed, "error": self._masked(exc)}
+                )
                 self._wait_transient(polls_failed)
                 continue
             polls_failed = 0
@@ -910,7 +919,9 @@ class Runtime:
         attempt = 0
         while isinstance(error, RegistryUnavailable):
             attempt += 1
-            log.warning("schema registry unavailable; decoding again", extra={"attempt": attempt, "error": str(error)})
+            log.warning(
+                "schema registry unavailable; decoding again", extra={"attempt": attempt, "error": self._masked(error)}
+            )
             self._wait_transient(attempt)
             if self.stopping:
                 raise _StoppedWaiting("for the schema registry")
@@ -1028,7 +1039,7 @@ class Runtime:
         cp = self.checkpoints.get(key)
         log.warning(
             "window failed; rolling back",
-            extra={"timeline": key, "scn": window[-1].scn, "attempt": tries, "error": str(exc)},
+            extra={"timeline": key, "scn": window[-1].scn, "attempt": tries, "error": self._masked(exc)},
         )
         self._tell("on_error", exc)
         self._tell("on_rollback", cp.window_scn if cp else -1)
