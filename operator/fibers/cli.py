@@ -90,8 +90,15 @@ def _consume(args: argparse.Namespace) -> int:
     try:
         code = runtime.run()
     except Exception as exc:  # run() has written the termination message and the FAIL lineage event
-        return _crashed(exc, config.secrets())
-    return _halted(api, config, pod, code) if code == UNDECODABLE_EXIT else code
+        code = _crashed(exc, config.secrets())
+    else:
+        code = _halted(api, config, pod, code) if code == UNDECODABLE_EXIT else code
+    if runtime.driver.abandoned_threads:
+        # A callback thread given up on may still be stuck in a server's call, and Python joins a pool's threads
+        # at exit: the process would outlive its stop (to the kubelet's SIGKILL). The runtime has shut down.
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 SETUP_FOR_GOOD = (ImportError, AttributeError, TypeError, ValueError)

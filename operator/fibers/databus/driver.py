@@ -41,6 +41,7 @@ class CallbackDriver:
         self.timeout = timeout
         self._pools = [self._new_pool(i) for i in range(callbacks)]
         self._current = threading.local()  # in a callback thread: the submission it is working on
+        self.abandoned_threads = 0  # threads given up on (each may still be stuck in a server's call)
 
     @staticmethod
     def _new_pool(index: int) -> concurrent.futures.ThreadPoolExecutor:
@@ -74,6 +75,7 @@ class CallbackDriver:
                     outcomes.append(exc)
                     continue
                 submissions[index].abandoned = True
+                self.abandoned_threads += 1
                 self._pools[index].shutdown(wait=False, cancel_futures=True)
                 self._pools[index] = self._new_pool(index)
                 outcomes.append(CallbackTimeout(f"callbacks took over {self.timeout:g}s"))
