@@ -378,7 +378,7 @@ class Harness:
                         break
                     outcome.restarts += 1
                     proc = self._start(config, log)
-                if not half.is_alive() and self._fired(log) >= case.firings and self._settled(case, unique, workload):
+                if not half.is_alive() and self._fired(log) >= case.firings and self._lost(case, unique, workload) == 0:
                     break
                 time.sleep(0.5)
             half.join()
@@ -446,9 +446,6 @@ class Harness:
             stop.set()
             if view:
                 thread.join()
-
-    def _settled(self, case: Case, unique: str, workload: Workload) -> bool:
-        return self._lost(case, unique, workload) == 0
 
     def _lost(self, case: Case, unique: str, workload: Workload) -> int:
         lost = 0

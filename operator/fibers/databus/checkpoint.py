@@ -703,15 +703,13 @@ class Checkpoints(Mapping[str, Checkpoint]):
         return cls(sources, checkpoints)
 
 
-def reported(checkpoints: Iterable[Checkpoint]) -> list[Checkpoint]:
-    """The checkpoints that say how far a consumer is: those past INIT, or all of them when none is.
+def progressed(checkpoints: Iterable[Checkpoint]) -> list[Checkpoint]:
+    """The checkpoints that say how far a consumer is: those past INIT.
 
     A timeline taken with no checkpoint gets an INIT one at once holding its resolved start offset (so
     "latest" is resolved once, ever); until its first window it tells nothing of the consumer's progress.
     """
-    every = list(checkpoints)
-    past = [cp for cp in every if cp.consumption_mode is not ConsumptionMode.INIT]
-    return past or every
+    return [cp for cp in checkpoints if cp.consumption_mode is not ConsumptionMode.INIT]
 
 
 def min_scn(checkpoints: Iterable[Checkpoint] | Mapping[str, Checkpoint]) -> int | None:

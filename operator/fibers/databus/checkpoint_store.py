@@ -122,6 +122,9 @@ class CheckpointStore:
             self.waiting_since = None
             return result
 
+    def _contended(self) -> Contended:
+        return Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+
     def _read(self) -> dict[str, Any] | None:
         failpoints.hit("checkpoint.read", Unreachable)
         return self.api.get_or_none(self.url)
@@ -158,7 +161,7 @@ class CheckpointStore:
             self.written[key] = time.time()
             self.fenced.discard(key)
             return token, Checkpoints.from_configmap_data((cm or {}).get("data") or {}, self.sources)
-        raise Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+        raise self._contended()
 
     def _write(self, cm: dict[str, Any] | None, data: dict[str, str], annotations: dict[str, str]) -> bool:
         """Merge these keys into the ConfigMap as read (`cm`; None: create it); False if someone wrote since."""
@@ -191,7 +194,7 @@ class CheckpointStore:
             for _ in range(CHECKPOINT_CONFLICT_TRIES):
                 if self._write(self._read(), {}, {self.stopped_key: message}):
                     return
-            raise Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+            raise self._contended()
 
         self._retrying("recording why the instance stopped", write)
 
@@ -245,4 +248,4 @@ class CheckpointStore:
             self.last_write = time.monotonic()
             self.writes += 1
             return True
-        raise Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
+        raise self._contended()

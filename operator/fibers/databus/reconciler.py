@@ -17,7 +17,7 @@ from fibers import conditions, metrics, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.databus import workload
-from fibers.databus.checkpoint import CheckpointError, Checkpoints, reported
+from fibers.databus.checkpoint import CheckpointError, Checkpoints, progressed
 from fibers.databus.checkpoint_store import STATS_ANNOTATION, STOPPED_ANNOTATION
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.workload import LABEL_CONSUMER, LABEL_INSTANCE, PLURAL
@@ -290,8 +290,8 @@ class DatabusReconciler:
 def _mirror_checkpoints(
     status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str], instances: int
 ) -> None:
-    progress = reported(checkpoints.values())
-    if progress and any(cp.consumption_mode.value != "INIT" for cp in progress):  # INIT alone: nothing consumed yet
+    progress = progressed(checkpoints.values())
+    if progress:  # INIT alone: nothing consumed yet
         status["consumptionMode"] = min((cp.consumption_mode.value for cp in progress), key=MODE_ORDER.index)
         status["windowScn"] = min(cp.window_scn for cp in progress)
         status["prevScn"] = min(cp.prev_scn for cp in progress)

@@ -42,7 +42,7 @@ from fibers.databus.checkpoint import (
     Checkpoints,
     ConsumptionMode,
     parse_timeline_key,
-    reported,
+    progressed,
     timeline_key,
 )
 from fibers.databus.checkpoint_store import CheckpointStore, StoreUnavailable
@@ -329,8 +329,8 @@ class Runtime:
 
     def _mode(self) -> str:
         # list(): copied in one step, as the metrics server's thread asks too (`snapshot`).
-        modes = {cp.consumption_mode.value for cp in reported(list(self.checkpoints.values()))}
-        for mode in ("BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "INIT", "ONLINE_CONSUMPTION"):
+        modes = {cp.consumption_mode.value for cp in progressed(list(self.checkpoints.values()))}
+        for mode in ("BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"):
             if mode in modes:
                 return mode
         return "INIT"
