@@ -106,6 +106,7 @@ class Context:
             "FIBERS_CONNECT_DEFAULT_CLUSTER": "stack",
             "FIBERS_CONNECT_SYNC_INTERVAL": str(self.sync_interval),
             "FIBERS_JOB_SERVICE_ACCOUNT": namespaces.JOBS_SERVICE_ACCOUNT,
+            "FIBERS_CONSUMER_SERVICE_ACCOUNT": namespaces.CONSUMER_SERVICE_ACCOUNT,
         }
         self.operator = OperatorProcess(self.info, self.namespace, self.workdir / "operator.log", env)
 
@@ -729,9 +730,14 @@ def standby(ctx: Context, *, resources: int = 10) -> dict[str, Any]:
         topic = f"{ctx.namespace}-{name}"
         return {"class": "FileStreamSource", "connectorName": topic, "config": {"file": str(source), "topic": topic}}
 
+    # The active one first, then the standby once the active one acts. Started together, kopf (1.45) lets
+    # each run for a moment before it sees the other, and a standby that paused within that moment was
+    # seen to go on handling its watch events (CI, 2026-11-26: it created 4 of 4 connectors while paused).
+    # A rolling update starts the new pod beside a running one, as here.
     active.start()
-    passive.start()
     try:
+        wait_for(lambda: "Resuming operations" in active.log(), timeout=60, what="the active operator acting")
+        passive.start()
         time.sleep(3)
         names = [f"s{i}" for i in range(resources)]
         for name in names:

@@ -90,7 +90,7 @@ SUITE = (
     Case("checkpoint.write error", "checkpoint.write=3+4*error"),
     Case("checkpoint.read error", "checkpoint.read=0+3*error"),
     Case("lease.renew error", "lease.renew=1+4*error"),
-    Case("callback hang", f"callback=2+1*hang({CALLBACK_TIMEOUT + 2:g})", sinks=("history",)),
+    Case("callback hang", f"callback=0+1*hang({CALLBACK_TIMEOUT + 2:g})", sinks=("history",)),
     Case("bootstrap.read error", "bootstrap.read=1+3*error", bootstrap=True),
 )
 
