@@ -295,7 +295,7 @@ HEALTH = {
     "connect-paused": ("Suspended", "connector is PAUSED"),
     "connect-creating": ("Progressing", "Waiting for creating connector"),
     "connect-tasks-failed": ("Degraded", "task 0 FAILED"),
-    "connect-not-owned": ("Degraded", "was not created by this resource"),
+    "connect-not-owned": ("Degraded", "is the connector of Connect orders in namespace team-a"),
     "connect-unreachable": ("Progressing", "Waiting for cannot reach Kafka Connect"),
     "connect-generation-behind": ("Progressing", "Waiting for the operator to observe generation"),
     "connect-no-status": ("Progressing", "report a status"),
@@ -327,3 +327,27 @@ def status_fixture(name: str) -> dict[str, Any]:
     """A fibers.dev object with the status the operator writes in one situation (tests/fixtures/status)."""
     loaded: dict[str, Any] = json.loads((STATUS_FIXTURES / f"{name}.json").read_text())
     return loaded
+
+
+def token_kubeconfig(kube: Any, stack: Any, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig whose credentials are a fresh token of that ServiceAccount (TokenRequest API)."""
+    from kubernetes import client
+
+    spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    token = client.CoreV1Api(kube).create_namespaced_service_account_token(
+        account, namespace, client.AuthenticationV1TokenRequest(spec=spec)
+    )
+    assert token.status is not None
+    admin = yaml.safe_load(Path(stack.kubeconfig).read_text())
+    cluster = admin["clusters"][0]["cluster"]  # the stack's server and CA; not its admin token
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stack", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token.status.token}}],
+        "contexts": [{"name": account, "context": {"cluster": "stack", "user": account, "namespace": namespace}}],
+        "current-context": account,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path

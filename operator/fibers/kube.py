@@ -97,6 +97,11 @@ def adopt(child: dict[str, Any], owner: dict[str, Any], *, controller: bool = Tr
     )
 
 
+class NotOurs(Exception):
+    """An object the operator would write exists under that name, and the operator did not write it for
+    this owner: it is never overwritten (or, through an owner reference, deleted with ours)."""
+
+
 class Kube:
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -117,9 +122,10 @@ class Kube:
         """A list's items (`labelSelector=…` as a keyword)."""
         return await asyncio.to_thread(self.api.items, url, **params)
 
-    async def delete(self, url: str, *, propagation: str | None = None) -> None:
-        """Delete an object; one already gone is not an error."""
-        await asyncio.to_thread(lambda: self.api.delete(url, propagation=propagation))
+    async def delete(self, url: str, *, propagation: str | None = None, uid: str | None = None) -> None:
+        """Delete an object; one already gone is not an error. With `uid`, only that object: one made again
+        under its name since it was read is not (409, raised)."""
+        await asyncio.to_thread(lambda: self.api.delete(url, propagation=propagation, uid=uid))
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         secret = await self.read(path("v1", "secrets", namespace, name))
@@ -252,20 +258,19 @@ class Kube:
         self, namespace: str, name: str, data: dict[str, str], *, owner: dict[str, Any], annotations: dict[str, str]
     ) -> None:
         """Create the ConfigMap, or replace its data and annotations; owned by `owner` (deleted with it)."""
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "annotations": annotations,
-            },
-            "data": data,
-        }
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": annotations}
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
         adopt(body, owner, controller=False)
         try:
             await asyncio.to_thread(self.api.create, path("v1", "configmaps", namespace), body)
+            return
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            await asyncio.to_thread(self.api.replace, path("v1", "configmaps", namespace, name), body)
+        found = await self.read(path("v1", "configmaps", namespace, name)) or {}
+        refs = (found.get("metadata") or {}).get("ownerReferences") or []
+        if not any(ref.get("uid") == owner["metadata"]["uid"] for ref in refs):
+            raise NotOurs(f"ConfigMap {namespace}/{name} exists and was not written by this resource: left as it is")
+        # resourceVersion from the read: a compare-and-swap, so what changed it since is not overwritten.
+        meta["resourceVersion"] = found["metadata"]["resourceVersion"]
+        await asyncio.to_thread(self.api.replace, path("v1", "configmaps", namespace, name), body)

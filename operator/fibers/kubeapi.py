@@ -368,8 +368,14 @@ class Api:
             "PATCH", url, body=patch, content_type=JSON_PATCH if isinstance(patch, list) else MERGE_PATCH
         )
 
-    def delete(self, url: str, *, propagation: str | None = None, missing_ok: bool = True) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation} if propagation else None
+    def delete(
+        self, url: str, *, propagation: str | None = None, missing_ok: bool = True, uid: str | None = None
+    ) -> None:
+        """DELETE; `uid`: only if the object is still that one (a precondition: 409 otherwise)."""
+        options: dict[str, Any] = {"propagationPolicy": propagation} if propagation else {}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", **options} if options else None
         try:
             self.request("DELETE", url, body=body)
         except ApiError as exc:

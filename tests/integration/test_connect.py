@@ -263,6 +263,27 @@ def test_delete_removes_owned_connector_and_never_a_foreign_one(
     connect_http.delete(f"/connectors/{foreign}")
 
 
+def test_a_forged_claim_annotation_takes_over_no_connector(
+    connects: Resources, connect_http: httpx.Client, source_file: Path, namespace: str, unique: str
+) -> None:
+    """The claim annotation is written by the resource's editor as easily as by the operator: a second
+    Connect that names the first one's connector and copies its annotations must change nothing of it,
+    say whose it is, and leave it running when it is deleted. Kafka Connect's record says who owns it."""
+    connects.create(unique, source_spec(source_file, unique))
+    connects.wait_condition(unique, "True", "Running")
+    assert live_config(connect_http, unique)["fibers.owner"] == f"{namespace}/{unique}"
+    forged = {k: v for k, v in connects.get(unique)["metadata"]["annotations"].items() if k.startswith("fibers.dev/")}
+    intruder = f"{unique}-intruder"
+    connects.create(intruder, {**source_spec(source_file, intruder), "connectorName": unique}, annotations=forged)
+    cond = connects.wait_condition(intruder, "False", "ConnectorNotOwned")
+    assert f"Connect {unique} in namespace {namespace}" in cond["message"]
+    assert live_config(connect_http, unique)["topic"] == unique  # never rewritten
+    connects.delete(intruder)
+    wait_for(lambda: not connects.exists(intruder), timeout=60, what="the intruder gone")
+    assert live_state(connect_http, unique) == "RUNNING"  # not deleted with it
+    assert connects.condition(unique, "Ready")["status"] == "True"
+
+
 def test_a_connect_whose_connect_cluster_was_deleted_is_released_with_a_warning(
     connects: Resources,
     kube: ApiClient,
@@ -523,6 +544,26 @@ def test_offsets_alter_with_bad_input_fails_before_the_connector_is_touched(
         timeout=30,
     )
     assert "is not one of list, reset, alter" in str(cond)
+
+
+def test_offsets_list_never_overwrites_a_configmap_it_did_not_write(
+    connects: Resources, kube: ApiClient, namespace: str, source_file: Path, unique: str
+) -> None:
+    """`<name>-offsets` may already be someone's ConfigMap: replacing it (and giving it our owner
+    reference, so it went with the Connect) lost it. The list fails, naming it, and leaves it as it was."""
+    core = client.CoreV1Api(kube)
+    meta = client.V1ObjectMeta(name=f"{unique}-offsets")
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data={"mine": "yes"}))
+    connects.create(unique, source_spec(source_file, unique))
+    connects.wait_condition(unique, "True", "Running")
+    connects.patch(unique, {"metadata": {"annotations": {"fibers.dev/offsets": "list"}}})
+    status = connects.wait_status(
+        unique, lambda s: (s.get("offsets") or {}).get("lastOperation"), what="list ended", timeout=60
+    )
+    last = status["offsets"]["lastOperation"]
+    assert last["result"] == "Failed" and f"ConfigMap {namespace}/{unique}-offsets exists" in last["message"]
+    kept = core.read_namespaced_config_map(f"{unique}-offsets", namespace)
+    assert kept.data == {"mine": "yes"} and not kept.metadata.owner_references
 
 
 def test_on_create_reset_starts_a_recreated_debezium_connector_afresh(

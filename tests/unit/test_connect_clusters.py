@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from fibers.connect.clusters import ClusterSpec, SecretKey, parse_cluster, place, selector_matches
+from fibers.connect.clusters import ClusterSpec, SecretKey, parse_cluster, place
+from fibers.selectors import selector_matches
 
 
 @pytest.mark.parametrize(

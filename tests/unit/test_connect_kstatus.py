@@ -51,7 +51,9 @@ def test_connect_fixture_is_never_reconciling_and_stalled(path: Path) -> None:
 
 def _target(**spec: Any) -> Target:
     parsed = parse({"class": "FileStreamSource", "config": {"file": "/f", "topic": "t"}, **spec}, "c")
-    return Target("ns", "c", "uid", 1, parsed, config=parsed.full_config({}), claimed=True)
+    return Target(
+        "ns", "c", "uid", 1, parsed, config=parsed.full_config({}, "ns/c"), claimed=True, connector_owner="ns/c"
+    )
 
 
 def _view(state: str = "RUNNING", task: str = "RUNNING") -> ConnectorView:
@@ -97,7 +99,7 @@ def _situations() -> dict[str, tuple[Target, ConnectorView | None, Outcome, str]
     invalid.problem = Condition(READY, False, "InvalidSpec", "spec.config.x: bad")
     cases["invalid spec"] = (invalid, None, Outcome(), "Failed")
     foreign = _target()
-    foreign.claimed = False
+    foreign.claimed, foreign.connector_owner = False, "other/c"
     cases["connector not ours"] = (foreign, _view(), Outcome(), "Failed")
     resetting = _target()
     resetting.offsets_request = OffsetsRequest("reset")

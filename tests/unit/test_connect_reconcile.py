@@ -46,10 +46,11 @@ def _target(*, owned: bool = True, status: dict[str, Any] | None = None, **spec_
         uid="0b6c-uid",
         generation=4,
         spec=spec,
-        config=spec.full_config({"db.password": SECRET}),
+        config=spec.full_config({"db.password": SECRET}, "ns1/orders"),
         secrets=(SECRET,),
         status=dict(status or {}),
         claimed=owned,
+        connector_owner="ns1/orders" if owned else None,
         cluster=CLUSTER,
         placed=True,
     )

@@ -22,9 +22,11 @@ class Secrets:
         return self.values[namespace, name, key]
 
 
-def _registered(spec: dict[str, Any], secrets: dict[tuple[str, str, str], str]) -> tuple[Any, str, dict[str, str]]:
+def _registered(
+    spec: dict[str, Any], secrets: dict[tuple[str, str, str], str], settings: ClusterSettings | None = None
+) -> tuple[Any, str, dict[str, str]]:
     async def scenario() -> tuple[Any, str, dict[str, str]]:
-        registry = ConnectClusters(Secrets(secrets), ClusterSettings())  # type: ignore[arg-type]
+        registry = ConnectClusters(Secrets(secrets), settings or ClusterSettings())  # type: ignore[arg-type]
         changed: list[int] = []
         registry.on_change = lambda: changed.append(1)
         await registry.observe("ADDED", {"metadata": {"name": "c", "uid": "u", "generation": 1}, "spec": spec})
@@ -61,3 +63,28 @@ def test_missing_secret_is_a_problem_and_no_client() -> None:
 def test_no_auth_sends_no_credentials() -> None:
     _, problem, headers = _registered({"url": "http://c:8083"}, {})
     assert problem == "" and "Authorization" not in headers
+
+
+def test_a_secret_outside_the_credential_namespaces_is_never_read() -> None:
+    """Whoever may write a ConnectCluster could otherwise have any namespace's Secret read and sent to a
+    URL of their choosing: only the operator's namespace and those the chart lists are read."""
+    reads: list[tuple[str, str]] = []
+
+    class Recording(Secrets):
+        async def secret_value(self, namespace: str, name: str, key: str) -> str:
+            reads.append((namespace, name))
+            return await super().secret_value(namespace, name, key)
+
+    values = {("team-b", "db", "username"): "u", ("team-b", "db", "password"): "hunter2"}
+    spec = {"url": "http://evil:8083", "auth": {"basic": {"secretRef": {"namespace": "team-b", "name": "db"}}}}
+    settings = ClusterSettings(secret_namespaces=frozenset({"fibers-system"}))
+
+    async def scenario() -> Any:
+        registry = ConnectClusters(Recording(values), settings)  # type: ignore[arg-type]
+        await registry.observe("ADDED", {"metadata": {"name": "c", "uid": "u", "generation": 1}, "spec": spec})
+        await registry.aclose()
+        return registry.known["c"]
+
+    known = asyncio.run(scenario())
+    assert reads == [] and known.client is None
+    assert "Secret team-b/db" in known.problem and "fibers-system" in known.problem

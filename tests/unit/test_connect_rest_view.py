@@ -131,7 +131,9 @@ def test_a_listing_without_configs_never_asks_for_a_config_update() -> None:
     from fibers.connect.spec import parse
 
     spec = parse({"class": "FileStreamSource", "config": {"file": "/f", "topic": "t"}}, "c")
-    target = Target("ns", "c", "uid", 1, spec, config=spec.full_config({}), claimed=True)
+    target = Target(
+        "ns", "c", "uid", 1, spec, config=spec.full_config({}, "ns/c"), claimed=True, connector_owner="ns/c"
+    )
     entry: dict[str, Any] = {"status": {"connector": {"state": "RUNNING"}, "tasks": [{"id": 0, "state": "RUNNING"}]}}
     running = ConnectorView.from_listing(spec.connector, entry)
     now = datetime.now(UTC)

@@ -84,18 +84,19 @@ def test_cluster_is_a_name_or_none() -> None:
 
 def test_full_config_has_owned_fields_and_secret_values() -> None:
     spec = parse(_spec(connectorName="orders-src", tasksMax=2, config={"topic": "orders"}), "orders")
-    assert spec.full_config({"database.password": "s3cr3t"}) == {
+    assert spec.full_config({"database.password": "s3cr3t"}, "shop/orders") == {
         "topic": "orders",
         "database.password": "s3cr3t",
         "name": "orders-src",
         "connector.class": "FileStreamSource",
         "tasks.max": "2",
+        "fibers.owner": "shop/orders",
     }
 
 
 def test_full_config_owned_fields_win_over_user_config() -> None:
     spec = parse(_spec(config={"name": "other", "tasks.max": 9}), "orders")
-    full = spec.full_config({})
+    full = spec.full_config({}, "shop/orders")
     assert full["name"] == "orders"
     assert full["tasks.max"] == "1"
 
@@ -115,3 +116,10 @@ def test_exhausted() -> None:
     assert limited.exhausted(3)
     assert limited.exhausted(4)
     assert AutoRestartPolicy(max_restarts=0).exhausted(0)
+
+
+@pytest.mark.parametrize("field", ["config", "secretConfig"])
+def test_the_owner_key_cannot_be_set_by_the_spec(field: str) -> None:
+    value: Any = {"secretKeyRef": {"name": "s", "key": "k"}} if field == "secretConfig" else "team-a/orders"
+    with pytest.raises(SpecError, match=rf"spec\.{field}\.fibers\.owner"):
+        parse(_spec(**{field: {"fibers.owner": value}}), "orders")

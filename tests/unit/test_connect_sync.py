@@ -26,6 +26,7 @@ from fibers.api import (
     CONNECT_FINALIZER,
 )
 from fibers.connect.clusters import ClusterSpec
+from fibers.connect.ownership import OWNER_KEY
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.registry import ClusterSettings, ConnectClusters, Known
 from fibers.connect.rest import ConnectError, ConnectorView, ConnectUnreachable
@@ -85,12 +86,17 @@ class LaggingConnect:
         self.listing: dict[str, ConnectorView] = {}
         self.puts: list[str] = []
         self.delete_error: Exception | None = None  # what a DELETE raises (a Connect that is down, or refuses)
+        # Whose each connector is, as its config says; one not named here was created by the resource of
+        # its name in "shop" (what a deletion usually finds).
+        self.owners: dict[str, str] = {}
 
     async def list_expanded(self, *, configs: bool = True) -> dict[str, ConnectorView]:
         return dict(self.listing)
 
     async def config(self, name: str) -> dict[str, str]:
-        return dict(self.taken[name])
+        if name in self.taken:
+            return dict(self.taken[name])
+        return {"name": name, OWNER_KEY: self.owners.get(name, f"shop/{name}")}
 
     async def put_config(self, name: str, config: dict[str, str]) -> None:
         self.puts.append(name)
@@ -700,3 +706,84 @@ def test_a_cluster_saturated_with_our_reconciles_is_listed_less_often_until_they
     assert saturated == pytest.approx(spacing)  # not the fast interval
     assert drained == pytest.approx(fast)
     assert woken
+
+
+# ----- ownership: what Kafka Connect records, not what the resource's editor writes ------------------
+
+OTHER_TEAMS = "team-a/orders-cdc"  # the Connect, in another namespace, that created the connector
+
+
+def _intruder(**meta: Any) -> dict[str, Any]:
+    """A Connect naming another namespace's connector and carrying a forged claim on it."""
+    body = _body(
+        "intruder",
+        finalizers=[CONNECT_FINALIZER],
+        annotations={ANNOTATION_OWNED_CONNECTOR: "orders-cdc", ANNOTATION_CONNECT_CLUSTER: CLUSTER},
+        **meta,
+    )
+    body["spec"]["connectorName"] = "orders-cdc"
+    return body
+
+
+def test_a_forged_claim_never_changes_stops_or_deletes_another_namespaces_connector() -> None:
+    """The claim annotation is the resource editor's to write: with it, a Connect named after another
+    team's connector must still leave that connector alone, say whose it is, and not delete it."""
+
+    async def scenario() -> tuple[RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync(QUICK_RETRY)
+        theirs = {"name": "orders-cdc", "connector.class": "Debezium", "fibers.owner": OTHER_TEAMS}
+        connect.owners["orders-cdc"] = OTHER_TEAMS
+        connect.listing["orders-cdc"] = _running("orders-cdc", config=theirs)
+        await sync.observe("ADDED", _intruder())  # type: ignore[arg-type]
+        await _sync_once(sync)
+        await sync.observe("MODIFIED", _intruder(deletionTimestamp="2026-11-22T08:00:00Z"))  # type: ignore[arg-type]
+        assert await _deletions_end(sync, within=2.0)
+        return kube, connect
+
+    kube, connect = asyncio.run(scenario())
+    assert connect.puts == [] and connect.creates == [] and connect.deletes == []
+    ready = next(c for c in kube.statuses["intruder"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ConnectorNotOwned" and "namespace team-a" in ready["message"]
+    assert kube.released == ["intruder"]  # its deletion is not held up: the connector was never its own
+    assert any(e[0] == "ConnectorNotOwned" and "namespace team-a" in e[1] for e in kube.events)
+
+
+def test_two_resources_wanting_the_same_config_never_both_own_one_connector() -> None:
+    """Configs that happen to be identical made a create that found the name taken adopt the connector:
+    two resources then changed and deleted one connector. The owner in its config tells them apart."""
+
+    async def scenario() -> tuple[ConnectSync, LaggingConnect]:
+        sync, _, connect = _sync()
+        first, second = _body("first"), _body("second")
+        for body in (first, second):
+            body["spec"]["connectorName"] = "shared"
+        await sync.observe("ADDED", first)  # type: ignore[arg-type]
+        await _sync_once(sync)
+        connect.taken["shared"] = dict(sync.targets["shop", "first"].config)  # created by "first"
+        await sync.observe("ADDED", second)  # type: ignore[arg-type]
+        await _sync_once(sync)
+        return sync, connect
+
+    sync, connect = asyncio.run(scenario())
+    assert connect.creates == ["shared"]
+    assert sync.targets["shop", "first"].owned
+    assert not sync.targets["shop", "second"].owned
+
+
+def test_a_connector_from_before_the_owner_record_is_taken_over_only_with_its_exact_config() -> None:
+    """An upgrade meets connectors created without the owner key: the resource that claimed it and wants
+    exactly its config takes it over (writing the key); a claim with any other config does not."""
+
+    async def scenario(config_of: str) -> LaggingConnect:
+        sync, _, connect = _sync()
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe("ADDED", body)  # type: ignore[arg-type]
+        legacy = {k: v for k, v in sync.targets["shop", "orders"].config.items() if k != OWNER_KEY}
+        if config_of == "someone else":
+            legacy["file"] = "/theirs"
+        connect.listing["orders"] = _running("orders", config=legacy)
+        await _sync_once(sync)
+        return connect
+
+    assert asyncio.run(scenario("ours")).puts == ["orders"]  # the key written: ours from now on
+    assert asyncio.run(scenario("someone else")).puts == []

@@ -14,6 +14,7 @@ from typing import Any
 
 from fibers import conditions
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
+from fibers.connect import ownership
 from fibers.connect.offsets import OffsetsRequest
 from fibers.connect.policy import POLICY
 from fibers.connect.rest import ConnectorView, TaskView
@@ -63,7 +64,10 @@ class Target:
     topics_due: float = 0.0  # monotonic time before which an empty topic list is not asked again
     created_at: float = 0.0  # monotonic time of our last successful create
     topic_checks: int = 0
-    claimed: bool = False  # the resource carries our claim on its connector name (we create it, we delete it)
+    claimed: bool = False  # the resource carries our claim on its connector name (we may create it)
+    # Whose Kafka Connect says the connector is (`fibers.connect.ownership`): our `owner` once a listing
+    # with configs showed it, or we created it; None while that is not known. Only then do we change it.
+    connector_owner: str | None = None
     # A claim we withdrew (someone else created the connector first): events still showing it predate
     # the withdrawal and do not make the connector ours again.
     disowned: str = ""
@@ -84,8 +88,22 @@ class Target:
         return self.namespace, self.name
 
     @property
+    def owner(self) -> str:
+        """This resource, as a connector's config names its owner."""
+        return ownership.owner_id(self.namespace, self.name)
+
+    @property
     def owned(self) -> bool:
-        return bool(self.spec and self.claimed)
+        """The connector is this resource's to change, stop and delete: Kafka Connect says so (the claim
+        annotation alone is the resource editor's word, see `fibers.connect.ownership`)."""
+        return bool(self.spec and self.connector_owner == self.owner)
+
+    def observe_owner(self, observed: ConnectorView | None) -> None:
+        """Learn whose the connector is from a listing: with configs it says; without, what we knew stands."""
+        if observed is not None and observed.config is not None:
+            self.connector_owner = ownership.owner_of(
+                observed.config, us=self.owner, claimed=self.claimed, desired=self.config
+            )
 
     def topics_due_now(self) -> bool:
         """No topics known yet, and the time to ask Connect again has come."""
@@ -254,10 +272,13 @@ def _ready(
             return progressing(outcome.reason, f"could not create the connector: {redact(outcome.error, secrets)}")
         return progressing("Creating", f"creating connector {spec.connector}")
     if not target.owned:
+        if target.claimed and target.connector_owner is None:
+            return progressing("Verifying", f"reading connector {spec.connector}'s config to confirm it is ours")
+        whose = ownership.described(target.connector_owner) if target.connector_owner is not None else "another's"
         return stalled(
             "ConnectorNotOwned",
-            f"connector {spec.connector} already exists on ConnectCluster {target.cluster} and was not created by "
-            "this resource; it is left untouched. Delete it, or choose another connectorName.",
+            f"connector {spec.connector} already exists on ConnectCluster {target.cluster} and is {whose}; it is "
+            "left untouched. Choose another connectorName, or delete it there.",
         )
     request = target.offsets_request
     if request and request.needs_stop and not target.paused:

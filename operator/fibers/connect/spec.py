@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fibers.api import CONNECT_PLURAL
+from fibers.connect.ownership import OWNER_KEY
 
 PLURAL = CONNECT_PLURAL
 KIND = "Connect"
@@ -59,14 +60,16 @@ class ConnectSpec:
     def connect_state(self) -> str:
         return CONNECT_STATES[self.state]
 
-    def full_config(self, secret_values: dict[str, str]) -> dict[str, str]:
-        """The configuration Kafka Connect is given: user config, secrets, and the fields we own."""
+    def full_config(self, secret_values: dict[str, str], owner: str) -> dict[str, str]:
+        """The configuration Kafka Connect is given: user config, secrets, and the fields we own (the
+        owner among them, see `fibers.connect.ownership`)."""
         return {
             **self.config,
             **secret_values,
             "name": self.connector,
             "connector.class": self.connector_class,
             "tasks.max": str(self.tasks_max),
+            OWNER_KEY: owner,
         }
 
 
@@ -90,6 +93,9 @@ def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
         key: SecretRef(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
         for key, ref in (spec.get("secretConfig") or {}).items()
     }
+    for field_name, keys in (("config", config), ("secretConfig", refs)):
+        if OWNER_KEY in keys:
+            raise SpecError(f"spec.{field_name}.{OWNER_KEY}: the operator writes this key itself (a connector's owner)")
     restart = spec.get("autoRestart") or {}
     return ConnectSpec(
         cluster=spec.get("cluster") or None,

@@ -39,14 +39,14 @@ from fibers.api import (
     object_ref,
 )
 from fibers.conditions import READY, Condition, format_time, utcnow
-from fibers.connect import clusters, deletion, offsets, reconcile, validation
+from fibers.connect import clusters, deletion, offsets, ownership, reconcile, validation
 from fibers.connect.lineage import ConnectLineage
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.reconcile import OFFSET_STEPS, Outcome, Step, Target
 from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.spec import KIND, PLURAL, SpecError, parse
-from fibers.kube import Kube, SecretMissing, additions, describe
+from fibers.kube import Kube, NotOurs, SecretMissing, additions, describe
 from fibers.kubeapi import ApiError
 from fibers.logs import Repeats
 from fibers.redact import redact, truncate
@@ -225,6 +225,16 @@ class ConnectSync:
             target.claimed = not target.disowned and bool(
                 (previous and previous.claimed) or claim == target.spec.connector or legacy
             )
+            same = (
+                previous
+                and previous.spec
+                and (previous.spec.connector, previous.cluster)
+                == (
+                    target.spec.connector,
+                    target.cluster,
+                )
+            )
+            target.connector_owner = previous.connector_owner if previous and same else None
         target.config_verified = bool(previous and previous.config_verified and previous.config == target.config)
         self.targets[target.key] = target
         self._seen[target.key] = _fingerprint(meta)
@@ -281,7 +291,7 @@ class ConnectSync:
             return
         target.problem = None
         target.secrets = tuple(values.values())
-        target.config = target.spec.full_config(values)
+        target.config = target.spec.full_config(values, target.owner)
 
     def _drop(self, key: tuple[str, str]) -> None:
         """The resource is gone from Kubernetes: forget it (its metrics too)."""
@@ -309,11 +319,11 @@ class ConnectSync:
         while True:
             decision = self._deletion(target, state, since)
             try:
-                if target.owned and decision.releases:
+                mine = target.owned or target.claimed  # what Kafka Connect says is checked just before the DELETE
+                if mine and decision.releases:
                     self._let_go(target, decision)
-                elif target.owned:
+                elif mine and await self._delete_if_ours(self.clusters.client(target.cluster), target):
                     assert target.spec is not None
-                    await self._delete_connector(self.clusters.client(target.cluster), target.spec.connector)
                     log.info("connector deleted", extra={**ctx, "connector": target.spec.connector})
                     self.lineage.deleted(target)
                 if CONNECT_FINALIZER in target.finalizers:
@@ -380,6 +390,27 @@ class ConnectSync:
             extra={**extra, "connector": target.spec.connector, "reason": decision.reason},
         )
         self._event(target, decision.reason, decision.message, warning=warning)
+
+    async def _delete_if_ours(self, client: ConnectClient, target: Target) -> bool:
+        """Delete the connector if Kafka Connect says it is this resource's (`fibers.connect.ownership`),
+        read just before: a claim annotation, which the resource's editor can write, never deletes
+        another's connector. False when it was left (someone else's: an Event says whose) or is gone."""
+        assert target.spec is not None
+        connector = target.spec.connector
+        try:
+            config = await client.config(connector)
+        except ConnectError as exc:
+            if exc.status_code == 404:
+                return False  # gone already: nothing to delete
+            raise
+        owner = ownership.owner_of(config, us=target.owner, claimed=target.claimed, desired=target.config)
+        if owner != target.owner:
+            message = f"connector {connector} is {ownership.described(owner)}: left on ConnectCluster {target.cluster}"
+            log.warning("not deleting a connector that is not ours", extra={**_ctx(target), "connector": connector})
+            self._event(target, "ConnectorNotOwned", message, warning=True)
+            return False
+        await self._delete_connector(client, connector)
+        return True
 
     async def _delete_connector(self, client: ConnectClient, connector: str) -> None:
         await client.delete(connector)
@@ -673,9 +704,10 @@ class ConnectSync:
         """
         assert target.spec is not None
         target.quiet_view = target.waiting_view = None  # until this reconcile ends with nothing to do
-        if target.owned and CONNECT_FINALIZER not in target.finalizers:
-            await self._claim(target)  # claimed before the operator kept its own finalizer
         observed = listing.get(target.spec.connector)
+        target.observe_owner(observed)
+        if target.owned and (CONNECT_FINALIZER not in target.finalizers or not target.claimed):
+            await self._claim(target)  # ours, by Kafka Connect's record, but the resource lost its claim
         if observed is not None and observed.config is not None:
             target.config_verified = observed.config == target.config
         now = utcnow()
@@ -839,7 +871,7 @@ class ConnectSync:
             elif step is Step.ALTER_OFFSETS:
                 message = await client.alter_offsets(connector, await self._offsets_to_apply(target, source))
                 await self._offsets_done(target, outcome, True, message or f"offsets from {source} applied")
-        except offsets.OffsetsInputError as exc:
+        except (offsets.OffsetsInputError, NotOurs) as exc:
             await self._offsets_done(target, outcome, False, str(exc))
         except ConnectError as exc:
             if exc.rebalancing:
@@ -936,8 +968,9 @@ class ConnectSync:
         """
         assert target.spec is not None
         ctx = {"namespace": target.namespace, "resource": target.name, "connector": target.spec.connector}
-        if await client.config(target.spec.connector) == target.config:
+        if await client.config(target.spec.connector) == target.config:  # the owner key included
             target.config_verified = True
+            target.connector_owner = target.owner
             log.info("connector already exists with this spec's config: taken as ours", extra=ctx)
             return
         ours = [ANNOTATION_OWNED_CONNECTOR, ANNOTATION_CONNECT_CLUSTER]
@@ -963,7 +996,7 @@ class ConnectSync:
             self._check_class(target)
         if step is Step.CREATE:
             reset = spec.offsets_on_create == "reset"
-            if not target.owned:  # an owned one without our finalizer was claimed again in `_reconcile`
+            if not target.claimed:  # a claimed one without our finalizer was claimed again in `_reconcile`
                 await self._claim(target, reset_offsets=reset)
             elif reset:
                 await self._write_ahead(target, {ANNOTATION_OFFSETS: "reset"})
@@ -978,6 +1011,7 @@ class ConnectSync:
                 await self._taken(client, target)  # created meanwhile, by us or by someone else
                 return
             target.config_verified = True
+            target.connector_owner = target.owner  # created with our owner key
             target.created_at = time.monotonic()
             target.topics_due = target.created_at + self.policy.topics_after_create
             # No Event here: the Ready (or failure) Event follows within seconds, and a wave of creates
