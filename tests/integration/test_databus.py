@@ -31,7 +31,9 @@ from pymongo import MongoClient
 
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
+from fibers.databus.owners import LABEL_CONSUMER
 from fibers_stack import StackInfo, node
+from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
 from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
 from tests.integration.conftest import OperatorProcess, free_port, scrape
 
@@ -223,7 +225,7 @@ def test_consumer_pods_deleted_and_killed_lose_nothing(
     pod = wait_for(lambda: consumer_pod(kube, namespace, unique), timeout=120, what="a ready consumer pod")
     container = pod.spec.containers[0]
     assert container.image == stack_info.images["job"] and container.image_pull_policy in ("Never", "IfNotPresent")
-    assert pod.spec.service_account_name == "fibers-job"
+    assert pod.spec.service_account_name == CONSUMER_SERVICE_ACCOUNT  # not the Spark drivers' (pods, services)
     assert container.security_context.read_only_root_filesystem is True
     assert pod.spec.security_context.run_as_non_root is True
     [uri_env] = [e for e in container.env if e.name == "FIBERS_SINK_MONGODB_URI"]
@@ -332,15 +334,71 @@ def test_malformed_checkpoint_is_reported_not_reset(
 ) -> None:
     core = client.CoreV1Api(kube)
     data = {"sources.sha256": "0" * 64, f"{cdc['topic']}.0": "{not json"}
-    core.create_namespaced_config_map(
-        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"{unique}-checkpoint"), data=data)
-    )
+    labels = {LABEL_CONSUMER: unique}  # the consumer's own ConfigMap (any other is not read: see below)
+    meta = client.V1ObjectMeta(name=f"{unique}-checkpoint", labels=labels)
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=data))
     consumers.create(unique, {"sources": [cdc["topic"]], "sink": mongo_sink(mongo_secret, unique, "orders")})
     cond = consumers.wait_condition(unique, "False", "CheckpointInvalid", timeout=60)
     assert f"{unique}-checkpoint" in cond["message"]
     assert consumers.condition(unique, "Stalled")["status"] == "True"
     time.sleep(3)
     assert core.read_namespaced_config_map(f"{unique}-checkpoint", namespace).data == data  # untouched
+
+
+def test_a_configmap_or_statefulset_the_consumer_did_not_create_is_never_read_written_or_deleted(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    """`checkpoint.configMapName` is the user's word: naming another consumer's checkpoints (which would
+    resume from its offsets and skip records) or any other ConfigMap runs nothing and says whose it is,
+    and neither a seek nor `retention: Delete` deletes it. Nor is another workload's StatefulSet that
+    has the consumer's name patched to run consumer pods, or deleted by a seek."""
+    core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
+    theirs = f"{unique}-theirs"
+    labelled = {LABEL_CONSUMER: "another-consumer"}
+    core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=theirs, labels=labelled), data={"k": "v"})
+    )
+    plain = f"{unique}-plain"
+    core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=plain), data={"k": "v"})
+    )
+
+    database = f"{unique}-c"  # someone's StatefulSet, of the name the next consumer gets
+    labels = {"app": "db"}
+    template = client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels=labels),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="db", image="db.example/db:1")]),
+    )
+    sts_spec = client.V1StatefulSetSpec(
+        replicas=0, service_name="", selector=client.V1LabelSelector(match_labels=labels), template=template
+    )
+    apps.create_namespaced_stateful_set(
+        namespace, client.V1StatefulSet(metadata=client.V1ObjectMeta(name=database), spec=sts_spec)
+    )
+
+    def spec(configmap: str) -> dict[str, Any]:
+        seek = {"to": "earliest", "nonce": "1"}
+        checkpoint = {"configMapName": configmap, "retention": "Delete"}
+        return {"sources": ["t"], "sink": {"type": "log"}, "checkpoint": checkpoint, "seek": seek}
+
+    cases = (
+        (f"{unique}-a", theirs, f"ConfigMap {theirs} belongs to consumer another-consumer"),
+        (f"{unique}-b", plain, f"ConfigMap {plain} was not created for a consumer"),
+        (database, f"{unique}-own", f"StatefulSet {database} was not created for a consumer"),
+    )
+    for name, configmap, whose in cases:
+        consumers.create(name, spec(configmap))
+        cond = consumers.wait_condition(name, "False", "Conflict", timeout=30)
+        assert whose in cond["message"]
+        selector = f"fibers.dev/databusconsumer={name}"
+        assert not apps.list_namespaced_stateful_set(namespace, label_selector=selector).items  # nothing runs
+        consumers.delete(name)
+        wait_for(lambda name=name: not consumers.exists(name), timeout=30, what="the consumer gone")
+    for configmap in (theirs, plain):  # neither the seek nor the deletion took them
+        assert core.read_namespaced_config_map(configmap, namespace).data == {"k": "v"}
+    kept = apps.read_namespaced_stateful_set(database, namespace)  # neither patched nor deleted
+    assert kept.spec.replicas == 0 and kept.spec.template.spec.containers[0].image == "db.example/db:1"
+    apps.delete_namespaced_stateful_set(database, namespace)
 
 
 # ----- the runtime on its own: killed, failing callbacks, falling off the relay ------------------

@@ -278,3 +278,28 @@ def test_a_schema_registry_that_does_not_answer_for_a_while_is_waited_out(
     finally:
         assert stop(proc) == 0
     assert "schema registry unavailable" in log.read_text()
+
+
+def test_an_instance_never_reads_or_writes_a_checkpoint_configmap_of_another_consumer(
+    stack_info: StackInfo, kube: ApiClient, namespace: str, topic: str, unique: str, tmp_path: Path
+) -> None:
+    """The operator refuses to start a consumer whose checkpoint ConfigMap is not its own; an instance
+    that meets one anyway (labelled for another consumer since) stops on it instead of resuming from the
+    other consumer's offsets and writing over them."""
+    core = client.CoreV1Api(kube)
+    theirs = {"fibers.dev/databusconsumer": "another-consumer"}
+    data = {"note": "another consumer's"}
+    meta = client.V1ObjectMeta(name=f"{unique}-checkpoint", labels=theirs)
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta, data=data))
+    config = consumer_config(unique, namespace, topic, stack_info, {"type": "log"})
+    config["labels"] = {"fibers.dev/databusconsumer": unique}
+    proc = run_consumer(stack_info, config, tmp_path / "consumer.log")
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise AssertionError("the instance ran on another consumer's checkpoint ConfigMap") from None
+    assert code != 0
+    assert "belongs to consumer another-consumer" in (tmp_path / "consumer.log").read_text()
+    kept = core.read_namespaced_config_map(f"{unique}-checkpoint", namespace)
+    assert kept.data == data and not (kept.metadata.annotations or {})

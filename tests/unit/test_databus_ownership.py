@@ -11,7 +11,7 @@ import pytest
 from fibers.databus.checkpoint_store import fenced_keys
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV
 from fibers.databus.ownership import Leases, lease_name, ordinal_of, owned_keys, wanted
-from fibers.databus.reconciler import instance_stats
+from fibers.databus.stats import instance_stats
 from fibers.databus.tuning import LEASE_DURATION_SECONDS
 from fibers.databus.workload import render_config, statefulset
 
@@ -143,4 +143,4 @@ def test_figures_of_instances_scaled_away_are_left_out() -> None:
         "fibers.dev/stats-3": '{"lag": 40}',  # instance 3 of 4, before a scale to 2
         "fibers.dev/owners": '{"t.0": 1}',
     }
-    assert instance_stats(annotations, 2) == [{"lag": 1}, {"lag": 2}]
+    assert instance_stats(annotations, 2) == ([{"lag": 1}, {"lag": 2}], [])

@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 from fibers import failpoints
 from fibers.conditions import format_time, utcnow
-from fibers.databus.checkpoint import SOURCES_HASH_KEY, Checkpoint, Checkpoints, sources_hash
+from fibers.databus.checkpoint import SOURCES_HASH_KEY, Checkpoint, CheckpointError, Checkpoints, sources_hash
+from fibers.databus.owners import LABEL_CONSUMER, foreign_checkpoint
 from fibers.databus.tuning import (
     API_RETRY_BASE_SECONDS,
     API_RETRY_CAP_SECONDS,
@@ -77,6 +78,7 @@ class CheckpointStore:
         self.url = path("v1", "configmaps", namespace, name)
         self.sources, self.instance, self.min_interval = sources, instance, min_interval
         self.labels = dict(labels or {})
+        self.consumer = self.labels.get(LABEL_CONSUMER)  # whose checkpoints these are (`owners`)
         self.pending: dict[str, Checkpoint] = {}
         self.stats_source: Callable[[], dict[str, Any]] = dict
         self.last_write = time.monotonic()  # the first write waits its turn too
@@ -126,8 +128,12 @@ class CheckpointStore:
         return Contended(f"ConfigMap {self.namespace}/{self.name}: too many concurrent writers")
 
     def _read(self) -> dict[str, Any] | None:
+        """The ConfigMap; CheckpointError when one of its name exists that is not this consumer's."""
         failpoints.hit("checkpoint.read", Unreachable)
-        return self.api.get_or_none(self.url)
+        cm = self.api.get_or_none(self.url)
+        if self.consumer and (conflict := foreign_checkpoint(cm, self.consumer)):
+            raise CheckpointError(conflict)
+        return cm
 
     def load(self) -> Checkpoints:
         """Every stored checkpoint; raises CheckpointError on a malformed one (never resets it)."""

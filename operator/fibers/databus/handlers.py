@@ -13,10 +13,8 @@ import kopf
 
 from fibers import metrics
 from fibers.api import GROUP, VERSION
-from fibers.databus import workload
 from fibers.databus.reconciler import DatabusReconciler
 from fibers.databus.workload import KIND, PLURAL
-from fibers.kubeapi import path
 from fibers.reconciles import Reconciles
 
 
@@ -39,4 +37,4 @@ async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if ((body["spec"].get("checkpoint") or {}).get("retention") or "Retain") != "Delete":
         return
     reconciler: DatabusReconciler = memo.databus
-    await reconciler.kube.delete(path("v1", "configmaps", namespace, workload.checkpoint_config_map(dict(body))))
+    await reconciler.delete_checkpoints(dict(body))

@@ -9,24 +9,25 @@ reported, never rewritten.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
-from fibers import conditions, metrics, upstream
+from fibers import conditions, metrics, podpolicy, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
-from fibers.databus import workload
+from fibers.databus import owners, stats, workload
 from fibers.databus.checkpoint import CheckpointError, Checkpoints, progressed
-from fibers.databus.checkpoint_store import STATS_ANNOTATION, STOPPED_ANNOTATION
-from fibers.databus.config import ConsumerConfig
-from fibers.databus.workload import LABEL_CONSUMER, LABEL_INSTANCE, PLURAL
+from fibers.databus.checkpoint_store import STOPPED_ANNOTATION
+from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
+from fibers.databus.owners import LABEL_CONSUMER
+from fibers.databus.workload import LABEL_INSTANCE, PLURAL
 from fibers.kube import Kube
 from fibers.kubeapi import path
+from fibers.podpolicy import PodPolicy
 from fibers.reconciles import Again
 from fibers.redact import redact, truncate
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
+from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
 
 log = logging.getLogger("fibers.databus.operator")
 MODE_ORDER = ["INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"]
@@ -44,14 +45,17 @@ class DatabusReconciler:
         schema_registry: str | None = None,
         lineage: dict[str, str] | None = None,
         dependents: upstream.Dependents | None = None,
+        policy: PodPolicy = podpolicy.OPEN,
     ) -> None:
         self.kube = kube
+        self.policy = policy  # what a spec may ask of its pods (images, ServiceAccounts)
         self.dependents = dependents or upstream.Dependents()  # what each consumer's sourceRefs name
         self.schema_registry = schema_registry  # the operator's default SchemaRegistry (spec.relay.avro)
         self.lineage = lineage  # {topic, bootstrapServers, namespace} of OpenLineage events, or None
         self.kafka_bootstrap, self.image, self.service_account = kafka_bootstrap, image, service_account
         self.image_pull_policy = image_pull_policy
         self._told: set[tuple[str, str, str]] = set()  # topic changes upstream already announced (an Event each)
+        self._skipped: set[tuple[str, str, str]] = set()  # instance figures already said to be ignored
 
     async def reconcile(self, namespace: str, name: str) -> Again | None:
         """Look at one consumer; None when it is gone (or going: its delete handler has the rest)."""
@@ -80,14 +84,15 @@ class DatabusReconciler:
         selector = f"{LABEL_CONSUMER}={name},{LABEL_INSTANCE}"
         return not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector)
 
-    async def _registry_url(self, spec: dict[str, Any]) -> str | None:
+    async def _registry_url(self, namespace: str, spec: dict[str, Any]) -> str | None:
         """The schema registry of spec.relay.avro (None: JSON values); ValueError names what is missing."""
         avro = (spec.get("relay") or {}).get("avro")
         if avro is None:
             return None
         registries = parse_registries(await self.kube.list_cluster_objects(REGISTRIES))
+        labels = (namespace, await self.kube.namespace_labels(namespace)) if needs_namespace(registries) else None
         try:
-            return choose_registry(avro.get("registry"), registries, self.schema_registry).url
+            return choose_registry(avro.get("registry"), registries, self.schema_registry, labels).url
         except RegistryNotChosen as exc:
             raise ValueError(f"spec.relay.avro: {exc}") from None
 
@@ -98,14 +103,20 @@ class DatabusReconciler:
         ctx = {"namespace": namespace, "resource": name}
         sts_url = path("apps/v1", "statefulsets", namespace, name)
         existing = await self.kube.read(sts_url)
+        cm = await self.kube.read(path("v1", "configmaps", namespace, workload.checkpoint_config_map(body)))
+        # A ConfigMap or StatefulSet of those names that is not this consumer's is never read, changed or
+        # deleted: nothing starts, and no seek runs, until the name is changed (`owners`).
+        conflict = owners.foreign_workload(existing, name) or owners.foreign_checkpoint(cm, name)
+        if conflict:
+            existing, cm = None, None  # nothing of them is acted on, or shown as this consumer's
 
         seek = spec.get("seek")
-        if seek and seek["nonce"] != status.get("lastSeekNonce"):
+        if seek and seek["nonce"] != status.get("lastSeekNonce") and not conflict:
             await self._seek(body, seek, ctx)
             status["lastSeekNonce"] = seek["nonce"]
             await self.kube.replace_status(PLURAL, namespace, name, status, body.get("status") or {})
             body["status"] = dict(status)
-            existing = None
+            existing = cm = None
         start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
 
         # What sourceRefs point at, read now: their topics, and whether they are healthy.
@@ -133,7 +144,13 @@ class DatabusReconciler:
         problem = ""
         manifest: dict[str, Any] | None = None
         try:
-            registry_url = await self._registry_url(spec)
+            refused = self.policy.problems(
+                image=("spec.image", spec.get("image")),
+                service_account=("spec.serviceAccount", spec.get("serviceAccount")),
+            )
+            if refused:
+                raise ValueError("; ".join(refused))
+            registry_url = await self._registry_url(namespace, spec)
             if not waiting:
                 config = workload.render_config(
                     body,
@@ -155,12 +172,14 @@ class DatabusReconciler:
         except ValueError as exc:
             problem = str(exc)
         # An earlier version's Deployments are looked for only until the StatefulSet exists.
-        if manifest is not None and not problem and (existing or await self._retire_legacy(namespace, name, ctx)):
+        runnable = manifest is not None and not (problem or conflict)
+        if runnable and (existing or await self._retire_legacy(namespace, name, ctx)):
+            assert manifest is not None
             await self._apply(manifest, existing, ctx)
         if spec.get("restartNonce"):
             status["lastRestartNonce"] = spec["restartNonce"]
 
-        new_status = await self._observe(body, status, problem, waiting, topics, health, existing)
+        new_status = await self._observe(body, status, problem, waiting, topics, health, existing, cm, conflict)
         if "lag" in new_status:
             metrics.CONSUMER_LAG.labels(namespace, name).set(new_status["lag"])
             metrics.CONSUMER_EVENTS.labels(namespace, name).set(new_status.get("eventsProcessed", 0))
@@ -170,7 +189,7 @@ class DatabusReconciler:
             self._announce(body, status, new_status)
         # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
         # Everything else it reads (children, sourceRefs) brings it back when it changes.
-        return Again(waiting=bool(problem))
+        return Again(waiting=bool(problem or conflict))
 
     def _announce(self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
         """An Event and a log line when the phase changes (Running, Bootstrapping, Failed, …)."""
@@ -224,8 +243,19 @@ class DatabusReconciler:
             if not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector):
                 break
             await asyncio.sleep(0.5)
-        await self.kube.delete(path("v1", "configmaps", namespace, workload.checkpoint_config_map(body)))
+        await self.delete_checkpoints(body)
         log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
+
+    async def delete_checkpoints(self, body: dict[str, Any]) -> None:
+        """Delete the consumer's checkpoint ConfigMap (a seek, or `retention: Delete`), if it is the consumer's:
+        one of that name it did not create is left (`owners`), and the delete is for the object
+        read (its uid), not for one made under that name since."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        url = path("v1", "configmaps", namespace, workload.checkpoint_config_map(body))
+        cm = await self.kube.read(url)
+        if cm is None or owners.foreign_checkpoint(cm, name):
+            return
+        await self.kube.delete(url, uid=cm["metadata"]["uid"])
 
     async def _observe(
         self,
@@ -236,6 +266,8 @@ class DatabusReconciler:
         topics: list[str],
         health: Condition,
         sts: dict[str, Any] | None,
+        cm: dict[str, Any] | None,
+        conflict: str,
     ) -> dict[str, Any]:
         """The status: the checkpoints, the figures the instances recorded, and the StatefulSet's ready pods
         (as read at the start of this reconcile: the next one sees what this one changed)."""
@@ -250,7 +282,6 @@ class DatabusReconciler:
         elif status.get("sources"):
             new["sources"] = status["sources"]
 
-        cm = await self.kube.read(path("v1", "configmaps", namespace, cm_name))
         invalid = ""
         if cm is not None and new.get("sources"):  # sources not resolved yet: nothing to read them against
             try:
@@ -259,18 +290,30 @@ class DatabusReconciler:
                 invalid = f"checkpoint ConfigMap {cm_name} cannot be used: {exc}"
             else:
                 annotations = cm["metadata"].get("annotations") or {}
-                _mirror_checkpoints(new, checkpoints, annotations, int(spec.get("instances", 1)))
+                _mirror_checkpoints(new, checkpoints)
+                figures, skipped = stats.instance_stats(annotations, int(spec.get("instances", 1)))
+                self._say_skipped(namespace, name, skipped)
+                stats.mirror(new, figures, [sink_name(sink) for _, sink in sink_specs(spec)])
 
         new["readyInstances"] = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
         cm_annotations = (cm or {}).get("metadata", {}).get("annotations") or {}
         stopped = stopped_instances(cm_annotations, int(spec.get("instances", 1)))
         failure = stopped or await self._pod_failure(namespace, name)
 
-        conds, phase = _conditions(spec, new, problem, invalid, failure, waiting, halted=bool(stopped))
+        conds, phase = _conditions(
+            spec, new, problem, invalid, failure, waiting, halted=bool(stopped), conflict=conflict
+        )
         conds = [*conditions.with_upstream_note(conds, health), health]
         new["phase"] = phase
         new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
         return new
+
+    def _say_skipped(self, namespace: str, name: str, skipped: list[str]) -> None:
+        """Figures a pod wrote that are not read (`stats`): said once each, not at every reconcile."""
+        for what in skipped:
+            if (namespace, name, what) not in self._skipped:
+                self._skipped.add((namespace, name, what))
+                log.warning("instance figures ignored: %s", what, extra={"namespace": namespace, "resource": name})
 
     async def _pod_failure(self, namespace: str, name: str) -> str:
         """The last error an instance exited with, while it is not running again."""
@@ -287,9 +330,7 @@ class DatabusReconciler:
         return ""
 
 
-def _mirror_checkpoints(
-    status: dict[str, Any], checkpoints: Checkpoints, annotations: dict[str, str], instances: int
-) -> None:
+def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints) -> None:
     progress = progressed(checkpoints.values())
     if progress:  # INIT alone: nothing consumed yet
         status["consumptionMode"] = min((cp.consumption_mode.value for cp in progress), key=MODE_ORDER.index)
@@ -297,17 +338,6 @@ def _mirror_checkpoints(
         status["prevScn"] = min(cp.prev_scn for cp in progress)
     if len(checkpoints):
         status["timelines"] = len(checkpoints)
-    stats = instance_stats(annotations, instances)
-    if stats:
-        status["lag"] = sum(int(s.get("lag") or 0) for s in stats)
-        status["eventsProcessed"] = sum(int(s.get("eventsProcessed") or 0) for s in stats)
-        status["lastCheckpointTime"] = max(str(s.get("lastCheckpointTime", "")) for s in stats)
-        if sinks := _sink_figures(stats):
-            status["sinks"] = sinks
-        passed = [s.get("undecodable") or {} for s in stats]
-        undecodable = {k: sum(int(p.get(k) or 0) for p in passed) for k in ("skipped", "deadLettered")}
-        if any(undecodable.values()):
-            status["undecodable"] = undecodable
 
 
 def stopped_instances(annotations: dict[str, str], instances: int) -> str:
@@ -323,29 +353,6 @@ def stopped_instances(annotations: dict[str, str], instances: int) -> str:
     return ""
 
 
-def instance_stats(annotations: dict[str, str], instances: int) -> list[dict[str, Any]]:
-    """The figures each current instance recorded with its checkpoints (an instance scaled away is left out)."""
-    stats = []
-    for key, value in annotations.items():
-        ordinal = key.removeprefix(STATS_ANNOTATION)
-        if key.startswith(STATS_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances:
-            stats.append(json.loads(value))
-    return stats
-
-
-def _sink_figures(stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each sink's figures summed over the instances (the slowest last batch), in the order first seen."""
-    figures: dict[str, dict[str, Any]] = {}
-    for instance in stats:
-        for own in instance.get("sinks") or []:
-            name = str(own.get("name"))
-            total = figures.setdefault(name, {"name": name, "windows": 0, "errors": 0, "timeouts": 0})
-            for key in ("windows", "errors", "timeouts"):
-                total[key] += int(own.get(key) or 0)
-            total["lastBatchSeconds"] = max(total.get("lastBatchSeconds", 0.0), float(own.get("lastBatchSeconds") or 0))
-    return list(figures.values())
-
-
 def _conditions(
     spec: dict[str, Any],
     status: dict[str, Any],
@@ -355,6 +362,7 @@ def _conditions(
     waiting: str,
     *,
     halted: bool = False,
+    conflict: str = "",
 ) -> tuple[list[Condition], str]:
     def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
         return [
@@ -365,6 +373,8 @@ def _conditions(
 
     if problem:
         return cond(False, False, True, "InvalidSpec", problem), "Failed"
+    if conflict:
+        return cond(False, False, True, "Conflict", conflict), "Failed"
     if invalid:
         return cond(False, False, True, "CheckpointInvalid", invalid), "Failed"
     if waiting:

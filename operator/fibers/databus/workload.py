@@ -15,13 +15,13 @@ from typing import Any
 from fibers import termination
 from fibers.api import DATABUS_PLURAL
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, sink_name, sink_specs
+from fibers.databus.owners import LABEL_CONSUMER
 from fibers.kube import adopt
 from fibers.upstream import Upstream
 from fibers.watches import Child
 
 PLURAL = DATABUS_PLURAL
 KIND = "DatabusConsumer"
-LABEL_CONSUMER = "fibers.dev/databusconsumer"
 LABEL_INSTANCE = "fibers.dev/instance"  # on the Deployments (and their pods) of earlier versions
 # Watched: a change to the StatefulSet (ready replicas), a pod (an instance exiting) or the checkpoint
 # ConfigMap (the consumers' progress) brings the consumer back to its reconciler.
