@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fibers.selectors import selector_matches
+
 PLURAL = "schemaregistries"
 KIND = "SchemaRegistry"
 CCOMPAT_PATH = "/apis/ccompat/v7"  # where Apicurio serves the Confluent-compatible API
@@ -17,10 +19,21 @@ class RegistrySpec:
     name: str
     url: str  # the Confluent-compatible API's base, e.g. http://apicurio:8080/apis/ccompat/v7
     default: bool
+    # The namespaces whose resources may use it (a label selector; None: every namespace), and whether a
+    # Schema may take over a subject registered outside Fibers (spec.adopt): the registry's owner decides,
+    # never a namespace user's spec alone.
+    namespace_selector: Mapping[str, Any] | None = None
+    allow_adopt: bool = False
 
 
 def parse_registry(name: str, spec: Mapping[str, Any]) -> RegistrySpec:
-    return RegistrySpec(name=name, url=str(spec["url"]).rstrip("/"), default=bool(spec.get("default", False)))
+    return RegistrySpec(
+        name=name,
+        url=str(spec["url"]).rstrip("/"),
+        default=bool(spec.get("default", False)),
+        namespace_selector=spec.get("namespaceSelector") or None,
+        allow_adopt=bool(spec.get("allowAdopt", False)),
+    )
 
 
 def parse_registries(objects: Iterable[Mapping[str, Any]]) -> list[RegistrySpec]:
@@ -33,9 +46,30 @@ class RegistryNotChosen(LookupError):
 
 
 def choose_registry(
-    requested: str | None, registries: Iterable[RegistrySpec], operator_default: str | None
+    requested: str | None,
+    registries: Iterable[RegistrySpec],
+    operator_default: str | None,
+    namespace: tuple[str, Mapping[str, str]] | None = None,
 ) -> RegistrySpec:
-    """spec.registry, else the operator's default (chart value schemaRegistry.default), else the one marked default."""
+    """spec.registry, else the operator's default (chart value schemaRegistry.default), else the one marked
+    default; one whose namespaceSelector does not match `namespace` (its name and labels) is refused."""
+    chosen = _choose(requested, registries, operator_default)
+    if chosen.namespace_selector and namespace is not None:
+        name, labels = namespace
+        if not selector_matches(dict(chosen.namespace_selector), dict(labels)):
+            raise RegistryNotChosen(
+                f"SchemaRegistry {chosen.name} does not allow namespace {name}: "
+                "its spec.namespaceSelector does not match the namespace's labels"
+            )
+    return chosen
+
+
+def needs_namespace(registries: Iterable[RegistrySpec]) -> bool:
+    """Some registry limits its namespaces: the caller reads its namespace's labels for `choose_registry`."""
+    return any(r.namespace_selector for r in registries)
+
+
+def _choose(requested: str | None, registries: Iterable[RegistrySpec], operator_default: str | None) -> RegistrySpec:
     by_name = {r.name: r for r in registries}
     if requested:
         if requested not in by_name:

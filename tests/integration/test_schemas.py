@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from fibers_stack import StackInfo
+from fibers_stack import StackInfo, apicurio, platform_resources
 from tests.helpers import Resources, wait_for
 from tests.integration.conftest import OperatorProcess
 
@@ -119,7 +119,7 @@ def test_retained_on_delete_by_default_and_soft_deleted_on_request(
 
 
 def test_subjects_registered_outside_fibers_are_left_alone(
-    schemas: Resources, registry: httpx.Client, unique: str
+    schemas: Resources, registry: httpx.Client, kube: ApiClient, stack_info: StackInfo, unique: str
 ) -> None:
     subject = f"{unique}-value"
     assert registry.post(f"/subjects/{subject}/versions", json={"schema": avro(ID)}).status_code == 200
@@ -131,10 +131,23 @@ def test_subjects_registered_outside_fibers_are_left_alone(
     wait_for(lambda: not schemas.exists(unique), timeout=60, what="gone")
     assert versions(registry, subject) == [1]  # Delete never touches a subject it did not manage
 
+    # spec.adopt is the namespace user's word: it takes over nothing unless the registry allows it.
     adopted = f"{unique}-adopt"
     schemas.create(adopted, {"subject": subject, "schema": avro(ID, QTY_DEFAULT), "adopt": True})
-    schemas.wait_condition(adopted, "True", "Registered")
-    assert versions(registry, subject) == [1, 2]
+    cond = schemas.wait_condition(adopted, "False", "AdoptNotAllowed")
+    assert "spec.allowAdopt" in cond["message"] and versions(registry, subject) == [1]
+    consenting = f"{unique}-consenting"
+    url = stack_info.registry_url + apicurio.CCOMPAT
+    platform_resources.apply(kube, consenting, url, plural=platform_resources.SCHEMA_REGISTRIES, allowAdopt=True)
+    schemas.delete(adopted)
+    wait_for(lambda: not schemas.exists(adopted), timeout=60, what="gone")
+    try:
+        spec = {"subject": subject, "schema": avro(ID, QTY_DEFAULT), "adopt": True, "registry": consenting}
+        schemas.create(adopted, spec)
+        schemas.wait_condition(adopted, "True", "Registered")
+        assert versions(registry, subject) == [1, 2]
+    finally:
+        platform_resources.delete(kube, consenting, plural=platform_resources.SCHEMA_REGISTRIES)
 
 
 def test_a_subject_belongs_to_one_resource(schemas: Resources, registry: httpx.Client, unique: str) -> None:

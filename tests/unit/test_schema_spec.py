@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from fibers.schemas.spec import Claim, RegistryNotChosen, RegistrySpec, choose_registry, owner, parse_schema
+from fibers.schemas.spec import (
+    Claim,
+    RegistryNotChosen,
+    RegistrySpec,
+    choose_registry,
+    needs_namespace,
+    owner,
+    parse_registry,
+    parse_schema,
+)
 
 A = RegistrySpec("a", "http://a/apis/ccompat/v7", default=False)
 B = RegistrySpec("b", "http://b", default=True)
@@ -68,3 +77,16 @@ def test_oldest_claim_on_the_same_registry_owns_the_subject() -> None:
     assert owner([later, first, elsewhere], "b", {None: "b"}) == first
     assert owner([later, elsewhere], "b", {None: "b"}) == later
     assert owner([later], "a", {None: "b"}) is None
+
+
+def test_a_registry_with_a_namespace_selector_refuses_other_namespaces() -> None:
+    team_a_only = parse_registry("shared", {"url": "http://r", "namespaceSelector": {"matchLabels": {"team": "a"}}})
+    assert choose_registry("shared", [team_a_only], None, ("orders", {"team": "a"})) == team_a_only
+    with pytest.raises(RegistryNotChosen, match="SchemaRegistry shared does not allow namespace intruder"):
+        choose_registry("shared", [team_a_only], None, ("intruder", {"team": "b"}))
+    assert needs_namespace([A, team_a_only]) and not needs_namespace([A, B])
+
+
+def test_adoption_is_the_registrys_to_allow() -> None:
+    assert not parse_registry("r", {"url": "http://r"}).allow_adopt
+    assert parse_registry("r", {"url": "http://r", "allowAdopt": True}).allow_adopt

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fibers.conditions import READY, Condition
+from fibers.selectors import selector_matches
 
 PLURAL = "connectclusters"
 KIND = "ConnectCluster"
@@ -66,26 +67,6 @@ def parse_cluster(name: str, spec: dict[str, Any], generation: int = 0) -> Clust
         insecure_skip_verify=bool(tls.get("insecureSkipVerify", False)),
         generation=generation,
     )
-
-
-def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
-    """Kubernetes label selector semantics: matchLabels and matchExpressions all hold; empty matches all."""
-    if not selector:
-        return True
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], set(expr.get("values") or [])
-        present = key in labels
-        if op == "In" and not (present and labels[key] in values):
-            return False
-        if op == "NotIn" and present and labels[key] in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
 
 
 @dataclass(frozen=True)

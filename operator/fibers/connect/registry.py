@@ -38,6 +38,10 @@ class ClusterSettings:
     """What the deployment gives the registry (see `fibers.controller`); the tuned numbers are `ConnectPolicy`'s."""
 
     refresh: float = 300.0  # seconds between probes of a reachable cluster (version, plugins)
+    # The namespaces a ConnectCluster's Secrets may be in (FIBERS_CREDENTIAL_NAMESPACES: the operator's own
+    # and those the chart lists); None: any, for an operator run by hand. Whoever may write a ConnectCluster
+    # could otherwise have any Secret of the cluster read and sent to a URL of their choosing.
+    secret_namespaces: frozenset[str] | None = None
 
 
 class ClusterUnavailable(Exception):
@@ -158,6 +162,12 @@ class ConnectClusters:
         )
 
     async def _value(self, ref: SecretKey) -> str:
+        allowed = self.settings.secret_namespaces
+        if allowed is not None and ref.namespace not in allowed:
+            raise ValueError(
+                f"Secret {ref.namespace}/{ref.name}: the operator reads ConnectCluster credentials only in "
+                f"namespace(s) {', '.join(sorted(allowed))} (chart value connect.credentialNamespaces)"
+            )
         return await self.kube.secret_value(ref.namespace, ref.name, ref.key)
 
     async def _auth_headers(self, spec: ClusterSpec) -> tuple[dict[str, str], tuple[str, ...]]:

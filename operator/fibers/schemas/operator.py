@@ -25,6 +25,7 @@ from fibers.schemas.spec import (
     RegistryNotChosen,
     RegistrySpec,
     choose_registry,
+    needs_namespace,
     owner,
     parse_registry,
     parse_schema,
@@ -71,8 +72,9 @@ class SchemaOperator:
         self._looked_at[uid] = time.monotonic()
         spec = parse_schema(body["spec"])
         known = list(registries)
+        labels = (namespace, await self.kube.namespace_labels(namespace)) if needs_namespace(known) else None
         try:
-            registry = choose_registry(spec.registry, known, self.default_registry)
+            registry = choose_registry(spec.registry, known, self.default_registry, labels)
         except RegistryNotChosen as exc:
             await self._write(body, Outcome(conditions=conditions.waiting("RegistryNotFound", str(exc))))
             return

@@ -56,11 +56,18 @@ async def reconcile(
     # 1. ownership
     versions = await client.versions(subject)
     if not managed:
-        if versions and not spec.adopt:
+        if versions and not (spec.adopt and registry.allow_adopt):
+            if spec.adopt:  # a namespace user's word alone takes over no subject: the registry must allow it
+                reason, why = (
+                    "AdoptNotAllowed",
+                    f"SchemaRegistry {registry.name} does not allow adopting (spec.allowAdopt)",
+                )
+            else:
+                reason, why = "SubjectExists", "set spec.adopt: true to manage it"
             out.conditions = stalled(
-                "SubjectExists",
+                reason,
                 f"subject {subject!r} already has versions {versions} registered outside Fibers; it is left as it is "
-                "(set spec.adopt: true to manage it)",
+                f"({why})",
             )
             out.status["versions"] = versions
             return out

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, RegistrySpec, choose_registry, parse_registry
+from fibers.registries import RegistryNotChosen, RegistrySpec, choose_registry, needs_namespace, parse_registry
 
 __all__ = [
     "REGISTRIES",
@@ -16,6 +16,7 @@ __all__ = [
     "RegistrySpec",
     "SchemaSpec",
     "choose_registry",
+    "needs_namespace",
     "owner",
     "parse_registry",
     "parse_schema",
