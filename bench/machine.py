@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import fibers_stack
-from fibers_stack import StackInfo
+from fibers_stack import StackInfo, namespaces
 
 
 def free_port() -> int:
@@ -130,7 +130,12 @@ def operator_process(info: StackInfo, namespace: str, log_file: Path) -> Iterato
             [sys.executable, "-m", "fibers", "run", "-n", namespace],
             stdout=log,
             stderr=log,
-            env={**os.environ, **info.env(), "FIBERS_JOB_SERVICE_ACCOUNT": "fibers-job"},
+            env={
+                **os.environ,
+                **info.env(),
+                "FIBERS_JOB_SERVICE_ACCOUNT": namespaces.JOBS_SERVICE_ACCOUNT,
+                "FIBERS_CONSUMER_SERVICE_ACCOUNT": namespaces.CONSUMER_SERVICE_ACCOUNT,
+            },
             preexec_fn=dies_with_parent,
         )
         try:

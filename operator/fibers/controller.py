@@ -25,6 +25,7 @@ from fibers.databus.reconciler import DatabusReconciler
 from fibers.databus.workload import CHILDREN as DATABUS_CHILDREN
 from fibers.databus.workload import KIND as DATABUS_KIND
 from fibers.kube import Kube, load_client
+from fibers.podpolicy import PodPolicy
 from fibers.reconciles import Pacing, Reconciles
 from fibers.schemas import handlers as _schema_handlers  # registers handlers
 from fibers.schemas.operator import SchemaOperator
@@ -64,8 +65,10 @@ def settings_from_env() -> SyncSettings:
 
 
 def cluster_settings_from_env() -> ClusterSettings:
+    listed = os.environ.get("FIBERS_CREDENTIAL_NAMESPACES")
     return ClusterSettings(
-        refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", str(ClusterSettings.refresh)))
+        refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", str(ClusterSettings.refresh))),
+        secret_namespaces=None if listed is None else frozenset(n.strip() for n in listed.split(",") if n.strip()),
     )
 
 
@@ -110,6 +113,7 @@ def transform_defaults_from_env() -> Defaults:
         lineage_topic=os.environ.get("FIBERS_LINEAGE_TOPIC") or None,
         lineage_bootstrap=os.environ.get("FIBERS_LINEAGE_BOOTSTRAP") or None,
         lineage_namespace=os.environ.get("FIBERS_LINEAGE_NAMESPACE") or Defaults.lineage_namespace,
+        policy=PodPolicy.from_env(),
     )
 
 
@@ -164,11 +168,13 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         kube,
         kafka_bootstrap=defaults.kafka_bootstrap,
         image=defaults.image,
-        service_account=defaults.service_account,
+        # Consumer pods run the user's callback: an identity of their own, without the Spark driver's rights.
+        service_account=os.environ.get("FIBERS_CONSUMER_SERVICE_ACCOUNT") or defaults.service_account,
         image_pull_policy=defaults.image_pull_policy,
         schema_registry=defaults.schema_registry,
         lineage=lineage_from(defaults),
         dependents=reconciles.dependents,
+        policy=defaults.policy,
     )
     reconciles.register(TRANSFORM_KIND, memo.transform.reconcile)
     reconciles.register(DATABUS_KIND, memo.databus.reconcile)

@@ -102,6 +102,7 @@ class StackInfo:
             "FIBERS_SPARK_KAFKA_JARS": self.spark_kafka_jars,
             "FIBERS_JOB_IMAGE": self.images.get("job", ""),
             "FIBERS_JOB_IMAGE_PULL_POLICY": "Never",
+            "FIBERS_ALLOW_HOST_PATH": "true",  # the one-node stack's pipelines read and write files on the node
         }
         if self.registry_url:
             env["FIBERS_SCHEMA_REGISTRY_URL"] = self.registry_url + apicurio.CCOMPAT
@@ -122,6 +123,7 @@ class StackInfo:
             "schemaRegistry": {"url": self.registry_url + apicurio.CCOMPAT},
             "kafka": {"bootstrap": self.kafka_bootstrap},
             "jobs": {"image": image(self.images["job"])},
+            "policy": {"allowHostPath": True},  # the one-node stack's pipelines read and write files on the node
         }
 
     def dead(self) -> list[str]:

@@ -16,7 +16,8 @@ from kubernetes import client, utils
 from fibers_stack import fetch, spark_operator
 from fibers_stack.layout import REPO_ROOT
 
-JOBS_SERVICE_ACCOUNT = "fibers-job"  # the chart's default jobs.serviceAccount.name
+JOBS_SERVICE_ACCOUNT = "fibers-job"  # the chart's default jobs.serviceAccount.name (Spark drivers)
+CONSUMER_SERVICE_ACCOUNT = "fibers-consumer"  # the chart's default jobs.consumerServiceAccount.name
 
 
 def jobs_rbac(namespace: str) -> list[dict[str, Any]]:

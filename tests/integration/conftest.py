@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from fibers_stack import StackInfo, namespaces, platform_resources
-from fibers_stack.namespaces import JOBS_SERVICE_ACCOUNT
+from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT
 from tests.helpers import Resources, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,6 +156,7 @@ def operator(
         "FIBERS_CONNECT_SYNC_INTERVAL": "2",
         "FIBERS_CONNECT_FAST_INTERVAL": "0.5",
         "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,
+        "FIBERS_CONSUMER_SERVICE_ACCOUNT": CONSUMER_SERVICE_ACCOUNT,
         **operator_env,
     }
     op = OperatorProcess(stack_info, namespace, log_file, env)

@@ -394,28 +394,6 @@ class ChartOperator:
         return lines
 
 
-def token_kubeconfig(kube: ApiClient, stack: StackInfo, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig whose credentials are a fresh token of that ServiceAccount (TokenRequest API)."""
-    spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-    token = client.CoreV1Api(kube).create_namespaced_service_account_token(
-        account, namespace, client.AuthenticationV1TokenRequest(spec=spec)
-    )
-    assert token.status is not None
-    admin = yaml.safe_load(Path(stack.kubeconfig).read_text())
-    cluster = admin["clusters"][0]["cluster"]  # the stack's server and CA; not its admin token
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "stack", "cluster": cluster}],
-        "users": [{"name": account, "user": {"token": token.status.token}}],
-        "contexts": [{"name": account, "context": {"cluster": "stack", "user": account, "namespace": namespace}}],
-        "current-context": account,
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 @pytest.fixture(scope="module")
 def release(
     helm: Path, kube: ApiClient, stack_info: StackInfo, namespace: str, tmp_path_factory: pytest.TempPathFactory
@@ -631,6 +609,49 @@ def test_operator_with_the_chart_rbac_runs_a_batch_transform(
     assert transforms.status(unique)["currentRun"]["recordsOut"] == 1  # from the result ConfigMap
     assert argocd_health(transforms.get(unique))["status"] == "Healthy"
     assert not [r["text"] for r in chart_operator.records()[log_start:] if "forbidden" in r["text"].lower()]
+
+
+def test_the_chart_policy_refuses_images_service_accounts_and_spark_settings_it_does_not_allow(
+    chart_operator: ChartOperator, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    """Creating a consumer or a Transform makes the operator create pods with its own rights: what the
+    platform team did not allow (policy.*) is refused before anything is created, naming the field."""
+    consumers, transforms = Resources(kube, "databusconsumers", namespace), Resources(kube, "transforms", namespace)
+    consumer = {"sources": ["t"], "sink": {"type": "log"}}
+    consumers.create(f"{unique}-img", {**consumer, "image": "registry.evil.example/miner:1"})
+    consumers.create(f"{unique}-sa", {**consumer, "serviceAccount": "default"})
+    transforms.create(
+        f"{unique}-conf",
+        {
+            "inputs": [{"name": "t", "kafka": {"topics": ["t"], "schema": "id INT"}}],
+            "sql": "SELECT * FROM t",
+            "output": {"kafka": {"topic": f"{unique}-out"}},
+            "spark": {"sparkConf": {"spark.kubernetes.namespace": "kube-system"}},
+        },
+    )
+    refused = {
+        (consumers, f"{unique}-img"): "spec.image: image registry.evil.example/miner:1 is not allowed",
+        (consumers, f"{unique}-sa"): "spec.serviceAccount: ServiceAccount default is not allowed",
+        (transforms, f"{unique}-conf"): "spec.spark.sparkConf.spark.kubernetes.namespace:",
+    }
+    for (resources, name), message in refused.items():
+        cond = resources.wait_condition(name, "False", "InvalidSpec", timeout=60)
+        assert message in cond["message"], cond
+    apps = client.AppsV1Api(kube)
+    for name in (f"{unique}-img", f"{unique}-sa"):
+        selector = f"fibers.dev/databusconsumer={name}"
+        assert not apps.list_namespaced_stateful_set(namespace, label_selector=selector).items
+    spark_apps = client.CustomObjectsApi(kube).list_namespaced_custom_object(
+        "sparkoperator.k8s.io",
+        "v1beta2",
+        namespace,
+        "sparkapplications",
+        label_selector=f"fibers.dev/transform={unique}-conf",
+    )
+    assert spark_apps["items"] == []
+    for name in (f"{unique}-img", f"{unique}-sa"):  # while the chart's operator runs: it holds their finalizers
+        consumers.delete(name)
+        wait_for(lambda name=name: not consumers.exists(name), timeout=30, what="the consumer gone")
 
 
 # ----- the image ----------------------------------------------------------------------------------

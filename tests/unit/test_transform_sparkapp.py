@@ -464,10 +464,10 @@ def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> 
 # --- the chart -----------------------------------------------------------------------------------
 
 
-def _job_rules() -> dict[str, set[str]]:
-    """The job ServiceAccount's verbs by resource (`group/resource` outside the core group)."""
+def _job_rules(define: str = "fibers.jobRules") -> dict[str, set[str]]:
+    """A pod ServiceAccount's verbs by resource (`group/resource` outside the core group)."""
     text = (REPO / "charts" / "fibers" / "templates" / "_helpers.tpl").read_text()
-    block = text.split('{{- define "fibers.jobRules" -}}', 1)[1].split("{{- end }}", 1)[0]
+    block = text.split(f'{{{{- define "{define}" -}}}}', 1)[1].split("{{- end }}", 1)[0]
     rules: dict[str, set[str]] = {}
     for rule in yaml.safe_load(block):
         [group] = rule["apiGroups"]
@@ -486,10 +486,15 @@ def test_the_job_role_lets_a_spark_driver_run_its_executors() -> None:
     assert "secrets" not in rules  # secrets reach pods as references, never through the API
 
 
-def test_the_job_role_lets_consumer_pods_hold_partition_leases() -> None:
-    rules = _job_rules()
-    assert {"get", "create", "update"} <= rules["coordination.k8s.io/leases"]
-    assert rules["apps/statefulsets"] == {"get"}  # the number of instances, read; nothing else of the workload
+def test_consumer_pods_hold_partition_leases_and_their_checkpoints_and_nothing_else() -> None:
+    """A consumer pod runs the namespace user's callback: none of the Spark driver's rights (pods, services)."""
+    rules = _job_rules("fibers.consumerRules")
+    assert rules == {
+        "coordination.k8s.io/leases": {"get", "create", "update"},
+        "configmaps": {"get", "create", "update"},
+        "apps/statefulsets": {"get"},  # the number of instances, read; nothing else of the workload
+    }
+    assert "coordination.k8s.io/leases" not in _job_rules()  # and a Spark driver holds no Lease
 
 
 def test_the_example_transforms_fit_both_crds() -> None:

@@ -178,13 +178,19 @@ PersistentVolumeClaims it could reuse; and on exit deletes its executors, their 
 (created by spark-submit, not by the driver) and its claims by label: one deletecollection call, or a
 list and one delete each where that is refused.
 */}}
-{{- define "fibers.jobRules" -}}
+{{- define "fibers.consumerRules" -}}
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get]
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, create, update]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, update]
+{{- end }}
+
+{{- define "fibers.jobRules" -}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete, deletecollection]

@@ -21,7 +21,7 @@ from fibers.kube import Kube
 from fibers.kubeapi import ApiError
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, choose_registry, parse_registries
+from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
 from fibers.transform.sparkapp import SparkApplications
@@ -70,6 +70,7 @@ class TransformReconciler:
         if not refs:
             return {}
         registries = parse_registries(await self.kube.list_cluster_objects(REGISTRIES))
+        labels = (namespace, await self.kube.namespace_labels(namespace)) if needs_namespace(registries) else None
         items = {item["name"]: item for item in spec["inputs"]}
         resolved: dict[str, dict[str, Any]] = {}
         for key, ref in refs.items():
@@ -92,7 +93,7 @@ class TransformReconciler:
                 else:
                     subject = ref.get("subject") or default_subject(items[key], ref_topics)
             try:
-                registry = choose_registry(registry_name, registries, self.defaults.schema_registry)
+                registry = choose_registry(registry_name, registries, self.defaults.schema_registry, labels)
             except RegistryNotChosen as exc:
                 raise InputsNotReady(f"{where}: {exc}") from None
             resolved[key] = {"registryUrl": registry.url, "subject": subject, **found}

@@ -10,8 +10,10 @@ from typing import Any
 
 from croniter import croniter
 
+from fibers import podpolicy
 from fibers.api import TRANSFORM_PLURAL
 from fibers.jobs.spec import JobSpec, SpecError
+from fibers.podpolicy import PodPolicy
 
 PLURAL = TRANSFORM_PLURAL
 KIND = "Transform"
@@ -36,6 +38,7 @@ class Defaults:
     lineage_topic: str | None = None  # OpenLineage events of every run go here (None: no lineage)
     lineage_bootstrap: str | None = None  # the Kafka of that topic (default: kafka_bootstrap)
     lineage_namespace: str = "fibers"  # the OpenLineage job namespace
+    policy: PodPolicy = podpolicy.OPEN  # what a spec may ask of its pods (images, ServiceAccounts, hostPath)
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
@@ -219,6 +222,15 @@ def problem(spec: dict[str, Any], *, name: str, namespace: str, defaults: Defaul
     exit (a cron field out of range, a streaming output that only batch supports, …), using the same
     checks the driver runs on the spec it is given.
     """
+    spark = spec.get("spark") or {}
+    refused = defaults.policy.problems(
+        image=("spec.spark.image", spark.get("image")),
+        service_account=("spec.spark.serviceAccount", spark.get("serviceAccount")),
+        volumes=("spec.spark.volumes", spark.get("volumes") or []),
+        spark_conf=("spec.spark.sparkConf", spark.get("sparkConf") or {}),
+    )
+    if refused:
+        return "; ".join(refused)
     schedule = spec.get("schedule")
     if schedule:
         try:  # both directions: "0 0 30 2 *" parses but has no slot to find

@@ -1,0 +1,230 @@
+"""Tenants kept apart, with real RBAC: a team that can edit Fibers resources in its own namespace (the
+`edit` ClusterRole, which the chart's aggregated roles extend, bound in that namespace only; a token of
+its own ServiceAccount, not the admin kubeconfig) reaches nothing of another team's through the operator.
+
+One operator watches both namespaces, with the chart's pod policy. Team A runs a connector; team B
+tries, as itself, every way the operator could be turned on A: A's connector by name and with a forged
+claim, ConfigMaps it did not create, A's Secret through a reference, images, ServiceAccounts, hostPath
+and Spark settings the platform did not allow, and a ConnectCluster of its own. After each, A's
+connector is unchanged, and B's resource says which field was refused.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config, utils
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from fibers.api import ANNOTATION_CONNECT_CLUSTER, ANNOTATION_OWNED_CONNECTOR
+from fibers.databus.owners import LABEL_CONSUMER
+from fibers_stack import StackInfo, fetch, namespaces
+from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT
+from tests.helpers import Resources, render_chart, token_kubeconfig, wait_for
+from tests.integration.conftest import OperatorProcess
+from tests.integration.test_connect import live_config, live_state
+
+pytestmark = pytest.mark.connect
+
+
+@pytest.fixture(scope="module")
+def team_b(kube: ApiClient, crds: None) -> Iterator[str]:
+    name = f"team-b-{uuid.uuid4().hex[:6]}"
+    namespaces.create(kube, name)
+    yield name
+    client.CoreV1Api(kube).delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def aggregated_roles(kube: ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The chart's fibers-view and fibers-edit ClusterRoles, which Kubernetes folds into view/edit/admin."""
+    docs = render_chart(fetch.helm(), "default", {}, tmp_path_factory.mktemp("roles"))
+    roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(("-view", "-edit"))]
+    for role in roles:
+        role["metadata"]["name"] = f"tenancy-{uuid.uuid4().hex[:6]}-{role['metadata']['name']}"
+    utils.create_from_yaml(kube, yaml_objects=roles)
+    yield
+    rbac = client.RbacAuthorizationV1Api(kube)
+    for role in roles:
+        rbac.delete_cluster_role(role["metadata"]["name"])
+
+
+@pytest.fixture(scope="module")
+def as_b(
+    kube: ApiClient,
+    stack_info: StackInfo,
+    team_b: str,
+    aggregated_roles: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ApiClient:
+    """An API client with team B's own credentials: a ServiceAccount bound to `edit` in B only."""
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    core.create_namespaced_service_account(team_b, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="dev")))
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name="dev-edit"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="dev", namespace=team_b)],
+    )
+    rbac.create_namespaced_role_binding(team_b, binding)
+    path = token_kubeconfig(kube, stack_info, team_b, "dev", tmp_path_factory.mktemp("b") / "kubeconfig")
+    api = config.new_client_from_config(config_file=str(path))
+    # The aggregation controller folds the chart's roles into `edit` within moments: until then B may not.
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                group="fibers.dev", resource="connects", verb="create", namespace=team_b
+            )
+        )
+    )
+    wait_for(
+        lambda: client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed,
+        timeout=60,
+        what="edit to include Fibers' resources",
+    )
+    return api
+
+
+@pytest.fixture(scope="module")
+def operator(
+    stack_info: StackInfo, namespace: str, team_b: str, connect_cluster: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """One operator for both teams, with the chart's policy (its defaults: the job image, its ServiceAccount)."""
+    repository = stack_info.images["job"].rpartition(":")[0]
+    env = {
+        "FIBERS_CONNECT_DEFAULT_CLUSTER": connect_cluster,
+        "FIBERS_CONNECT_SYNC_INTERVAL": "2",
+        "FIBERS_JOB_SERVICE_ACCOUNT": JOBS_SERVICE_ACCOUNT,
+        "FIBERS_ALLOWED_IMAGES": f"{repository}:",
+        "FIBERS_CONSUMER_SERVICE_ACCOUNT": CONSUMER_SERVICE_ACCOUNT,
+        "FIBERS_ALLOWED_SERVICE_ACCOUNTS": f"{JOBS_SERVICE_ACCOUNT},{CONSUMER_SERVICE_ACCOUNT}",
+        "FIBERS_ALLOW_HOST_PATH": "false",
+    }
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = OperatorProcess(stack_info, namespace, log, env, ("-n", team_b))
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def source_file(tmp_path: Path) -> Path:
+    path = tmp_path / "source.txt"
+    path.write_text("record\n")
+    os.chmod(tmp_path, 0o755)
+    return path
+
+
+def _source(path: Path, topic: str, **extra: Any) -> dict[str, Any]:
+    return {"class": "FileStreamSource", "config": {"file": str(path), "topic": topic}, **extra}
+
+
+def test_team_b_reaches_nothing_of_team_a_through_the_operator(
+    kube: ApiClient,
+    as_b: ApiClient,
+    operator: OperatorProcess,
+    namespace: str,
+    team_b: str,
+    connect_http: Any,
+    source_file: Path,
+    unique: str,
+) -> None:
+    team_a = namespace
+    a_connects = Resources(kube, "connects", team_a)
+    a_connects.create(unique, _source(source_file, unique))
+    a_connects.wait_condition(unique, "True", "Running")
+    a_config = live_config(connect_http, unique)
+    client.CoreV1Api(kube).create_namespaced_secret(
+        team_a, client.V1Secret(metadata=client.V1ObjectMeta(name=f"{unique}-db"), string_data={"password": "a-only"})
+    )
+
+    b_connects = Resources(as_b, "connects", team_b)
+    b_consumers, b_transforms = Resources(as_b, "databusconsumers", team_b), Resources(as_b, "transforms", team_b)
+    b_core = client.CoreV1Api(as_b)
+    forged = {ANNOTATION_OWNED_CONNECTOR: unique, ANNOTATION_CONNECT_CLUSTER: a_connects.status(unique)["cluster"]}
+
+    # The positive control: B's own connector runs, so what is refused below is refused for a reason.
+    b_connects.create("own", _source(source_file, f"{team_b}-own"))
+    b_connects.wait_condition("own", "True", "Running")
+
+    # A's connector, by a Connect of the same name with a forged claim, and by connectorName.
+    b_connects.create(unique, _source(source_file, f"{team_b}-x"), annotations=forged)
+    b_connects.create("named", {**_source(source_file, f"{team_b}-y"), "connectorName": unique})
+    for name in (unique, "named"):
+        cond = b_connects.wait_condition(name, "False", "ConnectorNotOwned")
+        assert f"namespace {team_a}" in cond["message"]
+    # A's Secret, through a reference: looked for in B only.
+    b_connects.create(
+        "secret",
+        {
+            **_source(source_file, f"{team_b}-z"),
+            "secretConfig": {"password": {"secretKeyRef": {"name": f"{unique}-db", "key": "password"}}},
+        },
+    )
+    cond = b_connects.wait_condition("secret", "False", "SecretNotFound")
+    assert f"Secret {team_b}/{unique}-db not found" in cond["message"]
+
+    # ConfigMaps the operator did not create: B's own, named as a checkpoint with a seek and retention Delete.
+    b_core.create_namespaced_config_map(
+        team_b, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="settings"), data={"k": "v"})
+    )
+    checkpoint = {"configMapName": "settings", "retention": "Delete"}
+    consumer = {"sources": ["t"], "sink": {"type": "log"}}
+    b_consumers.create("cm", {**consumer, "checkpoint": checkpoint, "seek": {"to": "earliest", "nonce": "1"}})
+    assert f"no label {LABEL_CONSUMER}" in b_consumers.wait_condition("cm", "False", "Conflict", timeout=30)["message"]
+
+    # Pods beyond what the platform allowed: an image, a ServiceAccount, hostPath, Spark settings.
+    b_consumers.create("image", {**consumer, "image": "registry.evil.example/miner:1"})
+    b_consumers.create("account", {**consumer, "serviceAccount": "default"})
+    job = {
+        "inputs": [{"name": "t", "kafka": {"topics": ["t"], "schema": "id INT"}}],
+        "sql": "SELECT * FROM t",
+        "output": {"kafka": {"topic": f"{team_b}-out"}},
+    }
+    host = {
+        "volumes": [{"name": "node", "hostPath": {"path": "/"}}],
+        "volumeMounts": [{"name": "node", "mountPath": "/node"}],
+    }
+    b_transforms.create("host", {**job, "spark": host})
+    b_transforms.create("conf", {**job, "spark": {"sparkConf": {"spark.kubernetes.namespace": team_a}}})
+    refused = {
+        (b_consumers, "image"): "spec.image: image registry.evil.example/miner:1 is not allowed",
+        (b_consumers, "account"): "spec.serviceAccount: ServiceAccount default is not allowed",
+        (b_transforms, "host"): "spec.spark.volumes[0].hostPath: hostPath volumes are not allowed",
+        (b_transforms, "conf"): "spec.spark.sparkConf.spark.kubernetes.namespace:",
+    }
+    for (resources, name), message in refused.items():
+        assert message in resources.wait_condition(name, "False", "InvalidSpec", timeout=30)["message"]
+
+    # Cluster-scoped: a ConnectCluster of B's own (a URL of its choosing, any namespace's Secret) is refused.
+    cluster = {
+        "apiVersion": "fibers.dev/v1alpha1",
+        "kind": "ConnectCluster",
+        "metadata": {"name": f"b-{unique}"},
+        "spec": {"url": "http://b.example:8083"},
+    }
+    with pytest.raises(ApiException) as refused_cluster:
+        client.CustomObjectsApi(as_b).create_cluster_custom_object("fibers.dev", "v1alpha1", "connectclusters", cluster)
+    assert refused_cluster.value.status == 403
+
+    # B deletes everything it made; A's connector is untouched throughout, its ConfigMap too.
+    for resources, names in (
+        (b_connects, ("own", unique, "named", "secret")),
+        (b_consumers, ("cm", "image", "account")),
+        (b_transforms, ("host", "conf")),
+    ):
+        for name in names:
+            resources.delete(name)
+        for name in names:
+            wait_for(lambda r=resources, n=name: not r.exists(n), timeout=60, what=f"{name} deleted by B")
+    assert b_core.read_namespaced_config_map("settings", team_b).data == {"k": "v"}
+    assert live_config(connect_http, unique) == a_config
+    assert live_state(connect_http, unique) == "RUNNING"
+    assert a_connects.condition(unique)["status"] == "True"
+    a_connects.delete(unique)
+    wait_for(lambda: not a_connects.exists(unique), timeout=60, what="A's Connect deleted")
