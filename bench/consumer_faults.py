@@ -57,6 +57,7 @@ KEYS = 40
 # FerretDB (SQLite) a few seconds, and a timeout below that fails every replay.
 CALLBACK_TIMEOUT = 10.0
 SETTLE_SECONDS = 90.0  # the most a case waits for the sink to equal the source after its fault
+START_WAIT_SECONDS = 60.0  # the most a case waits for its consumer to start reading before the second half
 PACE_SECONDS = 0.01  # between the second half's transactions: many small batches, so the Nth hit of a point comes
 HUNG = "hung on SIGTERM"  # an exit the harness had to force
 
@@ -330,6 +331,15 @@ class Harness:
                 behind += doc is None or int(doc["_scn"]) < change.scn
         return behind
 
+    @staticmethod
+    def _consuming(log: Path, proc: subprocess.Popen[bytes]) -> None:
+        """Until the process says it consumes (or ends, or START_WAIT_SECONDS pass: the case goes on)."""
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and '"consuming"' in log.read_text(errors="replace"):
+                return
+            time.sleep(0.2)
+
     def run(self, case: Case, records: int, seed: int) -> Outcome:
         unique = "f" + uuid.uuid4().hex[:8]
         started = time.monotonic()
@@ -356,6 +366,10 @@ class Harness:
         config = self._config(f"{unique}-c", unique, sinks, **extra)
         with self._sampling(unique, "mongodb" in case.sinks, outcome):
             proc = self._start(config, log, case.spec)
+            # The second half once the consumer reads the relay: produced while it still starts (a few
+            # seconds on a busy machine), it is all there at once and comes in one or two batches, and a
+            # fault that skips the first hits of a point would wait for hits that never come.
+            self._consuming(log, proc)
             half = threading.Thread(
                 target=produce,
                 args=(self.info.kafka_bootstrap, workload, generator, records - records // 2),
