@@ -653,7 +653,7 @@ def test_a_connect_removed_from_git_is_pruned_with_its_connector_never_one_it_di
     repo.write("examples/argocd/pipeline/1-connect-claim.yaml", claim)
     gitops.commit("two more Connects")
     argo.wait_health("orders-pipeline", "Connect", "lines", "Healthy", timeout=60)
-    argo.wait_health("orders-pipeline", "Connect", "claim", "Degraded", "was not created by", timeout=60)
+    argo.wait_health("orders-pipeline", "Connect", "claim", "Degraded", "a connector Fibers did not create", timeout=60)
 
     repo.remove("examples/argocd/pipeline/1-connect-lines.yaml")
     repo.remove("examples/argocd/pipeline/1-connect-claim.yaml")
