@@ -149,8 +149,9 @@ def test_team_b_reaches_nothing_of_team_a_through_the_operator(
     forged = {ANNOTATION_OWNED_CONNECTOR: unique, ANNOTATION_CONNECT_CLUSTER: a_connects.status(unique)["cluster"]}
 
     # The positive control: B's own connector runs, so what is refused below is refused for a reason.
-    b_connects.create("own", _source(source_file, f"{team_b}-own"))
-    b_connects.wait_condition("own", "True", "Running")
+    own = f"{unique}-own"  # connector names are the Kafka Connect cluster's, shared by every test
+    b_connects.create(own, _source(source_file, f"{team_b}-own"))
+    b_connects.wait_condition(own, "True", "Running")
 
     # A's connector, by a Connect of the same name with a forged claim, and by connectorName.
     b_connects.create(unique, _source(source_file, f"{team_b}-x"), annotations=forged)
@@ -214,7 +215,7 @@ def test_team_b_reaches_nothing_of_team_a_through_the_operator(
 
     # B deletes everything it made; A's connector is untouched throughout, its ConfigMap too.
     for resources, names in (
-        (b_connects, ("own", unique, "named", "secret")),
+        (b_connects, (own, unique, "named", "secret")),
         (b_consumers, ("cm", "image", "account")),
         (b_transforms, ("host", "conf")),
     ):
