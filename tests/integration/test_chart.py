@@ -184,7 +184,7 @@ def test_template_is_valid_for_the_real_apiserver(
         assert not any(name == operator_rules for _, name in roles)
     else:
         assert {(ns, operator_rules) for ns in watched} <= roles
-        [cluster_read] = by_kind(docs, "ClusterRole")
+        [cluster_read] = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == "rel-fibers-cluster-read"]
         granted = {res for rule in cluster_read["rules"] for res in rule["resources"]}
         # Reads, and the status of ConnectClusters and SchemaRegistries (cluster-scoped): nothing namespaced.
         statuses = {"connectclusters/status", "schemaregistries/status"}
@@ -192,6 +192,13 @@ def test_template_is_valid_for_the_real_apiserver(
         reads = {"get", "list", "watch"}
         assert all(set(r["verbs"]) <= reads for r in cluster_read["rules"] if not set(r["resources"]) & statuses)
         assert [r["verbs"] for r in cluster_read["rules"] if set(r["resources"]) & statuses] == [["patch"], ["patch"]]
+
+    # What a namespace's users get through Kubernetes' own view/edit/admin: Fibers' kinds, never their status.
+    aggregated = {d["metadata"]["name"]: d for d in by_kind(docs, "ClusterRole") if "aggregate" in str(d["metadata"])}
+    assert set(aggregated) == {"rel-fibers-view", "rel-fibers-edit"}
+    edit_rules = aggregated["rel-fibers-edit"]["rules"]
+    assert not any("/" in res for rule in edit_rules for res in rule["resources"])
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" in aggregated["rel-fibers-edit"]["metadata"]["labels"]
 
     # The peering CRD must exist for its objects to validate: create it for real, briefly.
     ext = client.ApiextensionsV1Api(kube)
