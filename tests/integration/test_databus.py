@@ -32,6 +32,7 @@ from pymongo import MongoClient
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.events import decode
 from fibers.databus.owners import LABEL_CONSUMER
+from fibers.databus.ownership import lease_name
 from fibers_stack import StackInfo, node
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
 from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
@@ -351,7 +352,8 @@ def test_a_configmap_or_statefulset_the_consumer_did_not_create_is_never_read_wr
     """`checkpoint.configMapName` is the user's word: naming another consumer's checkpoints (which would
     resume from its offsets and skip records) or any other ConfigMap runs nothing and says whose it is,
     and neither a seek nor `retention: Delete` deletes it. Nor is another workload's StatefulSet that
-    has the consumer's name patched to run consumer pods, or deleted by a seek."""
+    has the consumer's name patched to run consumer pods, or deleted by a seek, nor a Lease made by
+    someone else under the name of one of the consumer's partitions taken over."""
     core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
     theirs = f"{unique}-theirs"
     labelled = {LABEL_CONSUMER: "another-consumer"}
@@ -376,6 +378,13 @@ def test_a_configmap_or_statefulset_the_consumer_did_not_create_is_never_read_wr
         namespace, client.V1StatefulSet(metadata=client.V1ObjectMeta(name=database), spec=sts_spec)
     )
 
+    planted = lease_name(f"{unique}-d", "t", 0)  # a Lease someone made, of the name of a consumer's partition
+    coordination = client.CoordinationV1Api(kube)
+    holder = client.V1LeaseSpec(holder_identity="someone", lease_duration_seconds=1)
+    coordination.create_namespaced_lease(
+        namespace, client.V1Lease(metadata=client.V1ObjectMeta(name=planted), spec=holder)
+    )
+
     def spec(configmap: str) -> dict[str, Any]:
         seek = {"to": "earliest", "nonce": "1"}
         checkpoint = {"configMapName": configmap, "retention": "Delete"}
@@ -385,6 +394,7 @@ def test_a_configmap_or_statefulset_the_consumer_did_not_create_is_never_read_wr
         (f"{unique}-a", theirs, f"ConfigMap {theirs} belongs to consumer another-consumer"),
         (f"{unique}-b", plain, f"ConfigMap {plain} was not created for a consumer"),
         (database, f"{unique}-own", f"StatefulSet {database} was not created for a consumer"),
+        (f"{unique}-d", f"{unique}-d-own", f"Lease {planted} was not created for a consumer"),
     )
     for name, configmap, whose in cases:
         consumers.create(name, spec(configmap))
@@ -396,6 +406,7 @@ def test_a_configmap_or_statefulset_the_consumer_did_not_create_is_never_read_wr
         wait_for(lambda name=name: not consumers.exists(name), timeout=30, what="the consumer gone")
     for configmap in (theirs, plain):  # neither the seek nor the deletion took them
         assert core.read_namespaced_config_map(configmap, namespace).data == {"k": "v"}
+    assert coordination.read_namespaced_lease(planted, namespace).spec.holder_identity == "someone"
     kept = apps.read_namespaced_stateful_set(database, namespace)  # neither patched nor deleted
     assert kept.spec.replicas == 0 and kept.spec.template.spec.containers[0].image == "db.example/db:1"
     apps.delete_namespaced_stateful_set(database, namespace)

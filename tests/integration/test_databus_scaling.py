@@ -23,6 +23,7 @@ import fibers_stack as stack
 from fibers import kubeapi
 from fibers.databus.checkpoint import Checkpoint, Checkpoints
 from fibers.databus.checkpoint_store import CheckpointStore
+from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.ownership import Leases, lease_name
 from fibers.databus.tuning import LEASE_DURATION_SECONDS
 from fibers_stack import StackInfo
@@ -62,6 +63,24 @@ def test_one_process_holds_a_lease_until_it_releases_it_or_stops_renewing(
     assert "t.0" in a.overdue() and "t.0" not in a.held  # a learns it lost the partition
     b.release("t.0")
     assert a.take("t.0", name)  # released: free at once, no waiting for expiry
+
+
+def test_a_lease_of_a_partitions_name_that_no_instance_made_is_never_taken(
+    stack_info: StackInfo, namespace: str, unique: str
+) -> None:
+    """Someone's Lease under the name of one of a consumer's partitions, expired or held: the instance
+    leaves it (and the partition) alone, where it used to take it over once it expired."""
+    api = kubeapi.Api(kubeapi.from_kubeconfig(stack_info.kubeconfig))
+    clock = Clock()
+    name = lease_name(unique, "shop.public.orders", 0)
+    planted = {"metadata": {"name": name}, "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 1}}
+    api.create(kubeapi.path("coordination.k8s.io/v1", "leases", namespace), planted)
+    mine = Leases(api, namespace, "a", labels={LABEL_CONSUMER: unique}, clock=clock)
+    assert not mine.take("t.0", name)
+    clock.now += LEASE_DURATION_SECONDS + 1
+    assert not mine.take("t.0", name)  # expired by now, and still not ours
+    lease = api.get(kubeapi.path("coordination.k8s.io/v1", "leases", namespace, name))
+    assert lease["spec"]["holderIdentity"] == "someone" and not mine.held
 
 
 def online(offset: int) -> Checkpoint:

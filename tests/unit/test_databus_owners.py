@@ -1,10 +1,10 @@
-"""Whose a checkpoint ConfigMap or a StatefulSet is: the consumer named by its label, never whoever names it."""
+"""Whose a checkpoint ConfigMap, a StatefulSet or a Lease is: the consumer named by its label, never whoever names it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fibers.databus.owners import LABEL_CONSUMER, foreign_checkpoint, foreign_workload
+from fibers.databus.owners import LABEL_CONSUMER, foreign_checkpoint, foreign_leases, foreign_workload, lease_prefix
 
 
 def _cm(labels: dict[str, str] | None) -> dict[str, Any]:
@@ -33,3 +33,35 @@ def test_a_statefulset_of_the_consumers_name_is_its_own_only_when_labelled() -> 
     assert "StatefulSet orders was not created for a consumer" in foreign_workload(database, "orders")
     assert foreign_workload({"metadata": {"name": "orders", "labels": {LABEL_CONSUMER: "orders"}}}, "orders") == ""
     assert foreign_workload(None, "orders") == ""
+
+
+def _lease(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_a_lease_named_as_a_consumers_partition_but_not_made_for_it_is_a_conflict() -> None:
+    prefix = lease_prefix("orders", "shop.public.orders")
+    ours = _lease(f"{prefix}-p0", {LABEL_CONSUMER: "orders"})
+    planted = _lease(f"{prefix}-p1", {"app": "x"})
+    message = foreign_leases([ours, planted], "orders", [prefix])
+    assert f"Lease {prefix}-p1 was not created for a consumer" in message
+    assert "partition is not consumed" in message
+    assert foreign_leases([ours], "orders", [prefix]) == ""
+
+
+def test_leases_of_other_names_are_none_of_the_consumers_business() -> None:
+    """Another consumer's, one whose name merely starts like ours, and the operator's peering Leases."""
+    prefix = lease_prefix("orders", "t")
+    others = [
+        _lease(f"{lease_prefix('orders-eu', 't')}-p0", None),
+        _lease(f"{prefix}-p0-extra", None),
+        _lease(f"{prefix}-px", None),
+        _lease("fibers-peering", None),
+    ]
+    assert foreign_leases(others, "orders", [prefix]) == ""
+    assert foreign_leases(others, "orders", []) == ""
+
+
+def test_lease_names_keep_topics_that_read_alike_apart() -> None:
+    assert lease_prefix("orders", "Shop.Orders") != lease_prefix("orders", "shop-orders")
+    assert lease_prefix("orders", "shop.orders").startswith("orders-shop-orders-")

@@ -101,6 +101,11 @@ exactly these permissions.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [list, delete]
+# DatabusConsumer: a namespace's Leases are listed to find one named as a consumer's partition that
+# its instances did not make (a Conflict; they never take it over). The instances hold their own.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [list]
 # DatabusConsumer: its pods are listed and watched by label to report an instance's exit and to
 # wait out a seek.
 - apiGroups: [""]

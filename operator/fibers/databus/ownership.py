@@ -19,9 +19,7 @@ Why Leases and not the Kafka group protocol: `docs/architecture.md`, "Ownership 
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,12 +28,12 @@ from typing import Any
 
 from fibers import failpoints
 from fibers.conditions import utcnow
+from fibers.databus import owners
 from fibers.databus.checkpoint import timeline_key
 from fibers.databus.tuning import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
 from fibers.kubeapi import Api, ApiError, Unreachable, path
 
 log = logging.getLogger("fibers.databus.ownership")
-_NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 
 def wanted(partitions: Iterable[int], replicas: int, ordinal: int) -> list[int]:
@@ -52,14 +50,8 @@ def ordinal_of(pod_name: str) -> int:
 
 
 def lease_name(consumer: str, topic: str, partition: int) -> str:
-    """The Lease of one partition: a DNS subdomain from the consumer, the topic and the partition.
-
-    Topic names allow `_`, `.` and capitals, which Lease names do not; a short hash of the topic keeps
-    two topics that read the same once lowered and dashed apart.
-    """
-    digest = hashlib.sha256(topic.encode()).hexdigest()[:8]
-    readable = _NOT_DNS.sub("-", topic.lower()).strip("-")[:60]
-    return f"{consumer[:170]}-{readable}-{digest}-p{partition}".replace("--", "-")
+    """The Lease of one partition: a DNS subdomain from the consumer, the topic and the partition."""
+    return f"{owners.lease_prefix(consumer, topic)}-p{partition}"
 
 
 def _micro_time() -> str:
@@ -108,6 +100,7 @@ class Leases:
         self.held: dict[str, Held] = {}  # timeline key → its Lease
         self.lost: set[str] = set()  # taken from us, or not renewed in time: to be dropped by the consumer
         self._seen: dict[str, _Seen] = {}
+        self._foreign_said: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,6 +134,8 @@ class Leases:
                     meta["ownerReferences"] = [self.owner]
                 body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": fresh}
                 written = self.api.create(path("coordination.k8s.io/v1", "leases", self.namespace), body)
+            elif self._foreign(key, current):
+                return False
             else:
                 spec = current.get("spec") or {}
                 if not self._free(key, spec):
@@ -166,6 +161,16 @@ class Leases:
             self._seen.pop(key, None)
         log.info("lease taken", extra={"timeline": key, "lease": name, "transitions": transitions})
         return True
+
+    def _foreign(self, key: str, lease: dict[str, Any]) -> bool:
+        """A Lease of this name that the consumer's instances did not make is never taken over (its partition
+        waits; the operator reports it as a Conflict); said once a timeline."""
+        consumer = self.labels.get(owners.LABEL_CONSUMER)
+        why = owners.foreign_lease(lease, consumer) if consumer else ""
+        if why and key not in self._foreign_said:
+            self._foreign_said.add(key)
+            log.warning("lease not ours", extra={"timeline": key, "problem": why})
+        return bool(why)
 
     def _free(self, key: str, spec: dict[str, Any]) -> bool:
         holder = spec.get("holderIdentity")

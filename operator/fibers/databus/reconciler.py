@@ -129,6 +129,8 @@ class DatabusReconciler:
         pinned = status.get("sources") if upstreams and status.get("timelines") else None
         topics, waiting, moved = workload.consumed_topics(spec, upstreams, pinned, namespace)
         producers = workload.producers(upstreams, namespace)
+        if topics and not (waiting or conflict):
+            conflict = await self._foreign_lease(namespace, name, topics)
         if moved and (namespace, name, moved) not in self._told:
             self._told.add((namespace, name, moved))
             self._post(
@@ -245,6 +247,12 @@ class DatabusReconciler:
             await asyncio.sleep(0.5)
         await self.delete_checkpoints(body)
         log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
+
+    async def _foreign_lease(self, namespace: str, name: str, topics: list[str]) -> str:
+        """A Lease named as one of the consumer's partitions that its instances did not make: they leave it
+        (and its partition) alone, and the consumer says so."""
+        leases = await self.kube.items(path("coordination.k8s.io/v1", "leases", namespace))
+        return owners.foreign_leases(leases, name, [owners.lease_prefix(name, topic) for topic in topics])
 
     async def delete_checkpoints(self, body: dict[str, Any]) -> None:
         """Delete the consumer's checkpoint ConfigMap (a seek, or `retention: Delete`), if it is the consumer's:
