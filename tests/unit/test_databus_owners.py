@@ -1,4 +1,4 @@
-"""Whose a checkpoint ConfigMap, a StatefulSet or a Lease is: the consumer named by its label, never whoever names it."""
+"""Whose a checkpoint ConfigMap, a StatefulSet or a Lease is: the consumer named by its label, not its name."""
 
 from __future__ import annotations
 
