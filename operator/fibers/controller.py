@@ -64,11 +64,16 @@ def settings_from_env() -> SyncSettings:
     )
 
 
-def cluster_settings_from_env() -> ClusterSettings:
+def credential_namespaces_from_env() -> frozenset[str] | None:
+    """Where ConnectCluster and SchemaRegistry Secrets may be (`fibers.credentials`); unset: anywhere."""
     listed = os.environ.get("FIBERS_CREDENTIAL_NAMESPACES")
+    return None if listed is None else frozenset(n.strip() for n in listed.split(",") if n.strip())
+
+
+def cluster_settings_from_env() -> ClusterSettings:
     return ClusterSettings(
         refresh=float(os.environ.get("FIBERS_CONNECT_CLUSTER_REFRESH", str(ClusterSettings.refresh))),
-        secret_namespaces=None if listed is None else frozenset(n.strip() for n in listed.split(",") if n.strip()),
+        secret_namespaces=credential_namespaces_from_env(),
     )
 
 
@@ -83,7 +88,10 @@ def pacing_from_env() -> Pacing:
 
 
 def schema_settings_from_env() -> SchemaSettings:
-    return SchemaSettings(resync=float(os.environ.get("FIBERS_SCHEMA_RESYNC", str(SchemaSettings.resync))))
+    return SchemaSettings(
+        resync=float(os.environ.get("FIBERS_SCHEMA_RESYNC", str(SchemaSettings.resync))),
+        secret_namespaces=credential_namespaces_from_env(),
+    )
 
 
 def lineage_from(defaults: Defaults) -> dict[str, str] | None:

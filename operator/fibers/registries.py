@@ -4,9 +4,10 @@ Transforms and DatabusConsumers, which name a registry the same way."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from fibers.credentials import HttpAuth, parse_http_auth
 from fibers.selectors import selector_matches
 
 PLURAL = "schemaregistries"
@@ -24,6 +25,9 @@ class RegistrySpec:
     # never a namespace user's spec alone.
     namespace_selector: Mapping[str, Any] | None = None
     allow_adopt: bool = False
+    # The operator's own calls (Schemas: register, check, delete) authenticate with these; the pods that
+    # decode Avro read schemas by id without credentials, which they are never given.
+    auth: HttpAuth = field(default_factory=HttpAuth)
 
 
 def parse_registry(name: str, spec: Mapping[str, Any]) -> RegistrySpec:
@@ -33,6 +37,7 @@ def parse_registry(name: str, spec: Mapping[str, Any]) -> RegistrySpec:
         default=bool(spec.get("default", False)),
         namespace_selector=spec.get("namespaceSelector") or None,
         allow_adopt=bool(spec.get("allowAdopt", False)),
+        auth=parse_http_auth(spec),
     )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -13,7 +15,7 @@ from kubernetes.client import ApiClient
 
 from fibers_stack import StackInfo, apicurio, platform_resources
 from tests.helpers import Resources, wait_for
-from tests.integration.conftest import OperatorProcess
+from tests.integration.conftest import OperatorProcess, free_port
 
 pytestmark = pytest.mark.schemas
 
@@ -26,6 +28,12 @@ ID = {"name": "id", "type": "long"}
 ITEM = {"name": "item", "type": "string"}
 QTY_DEFAULT = {"name": "qty", "type": "int", "default": 1}  # a new field with a default: BACKWARD-compatible
 QTY_REQUIRED = {"name": "qty", "type": "int"}  # without one: not BACKWARD-compatible
+
+
+@pytest.fixture(scope="module")
+def operator_env(namespace: str) -> dict[str, str]:
+    """The chart's setting: SchemaRegistry (and ConnectCluster) Secrets are read only in this namespace."""
+    return {"FIBERS_CREDENTIAL_NAMESPACES": namespace}
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +192,91 @@ def test_json_schema_and_protobuf_subjects(
     schemas.wait_condition(unique, "True", "Registered")
     latest = registry.get(f"/subjects/{subject}/versions/latest").json()
     assert latest["id"] == schemas.status(unique)["id"] and latest.get("schemaType") == schema_type
+
+
+class AuthProxy:
+    """The stack's Apicurio behind a bearer token, as a registry with authentication is deployed: requests
+    without the token get the Confluent API's 401 (error 40101) and never reach the registry."""
+
+    def __init__(self, upstream: str, token: str) -> None:
+        self.refused = 0
+        self.passed = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Authorization") != f"Bearer {token}":
+                    proxy.refused += 1
+                    self._reply(401, b'{"error_code": 40101, "message": "Unauthorized"}')
+                    return
+                proxy.passed += 1
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "content-type")}
+                answer = httpx.request(self.command, upstream + self.path, content=body, headers=headers, timeout=30)
+                self._reply(answer.status_code, answer.content)
+
+            def _reply(self, status: int, content: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_registry_with_authentication_is_used_with_its_secret_which_is_read_only_where_allowed(
+    schemas: Resources, registry: httpx.Client, kube: ApiClient, stack_info: StackInfo, namespace: str, unique: str
+) -> None:
+    """SchemaRegistry `auth` as ConnectCluster's: the operator's calls carry the Secret's bearer token; a
+    Secret outside the credential namespaces (here, the team's own in `default`) is never read, and the
+    registry and the Schemas using it say why."""
+    core, token = client.CoreV1Api(kube), f"token-{unique}"
+    proxy = AuthProxy(stack_info.registry_url, token)
+    allowed, elsewhere = f"{unique}-auth", f"{unique}-elsewhere"
+    for where in (namespace, "default"):
+        secret = client.V1Secret(metadata=client.V1ObjectMeta(name=allowed), string_data={"token": token})
+        core.create_namespaced_secret(where, secret)
+    url = proxy.url + apicurio.CCOMPAT
+    for name, where in ((allowed, namespace), (elsewhere, "default")):
+        auth = {"bearer": {"secretRef": {"namespace": where, "name": allowed}}}
+        platform_resources.apply(kube, name, url, plural=platform_resources.SCHEMA_REGISTRIES, auth=auth)
+    try:
+        subject = f"{unique}-value"
+        schemas.create(unique, {"subject": subject, "schema": avro(ID), "registry": allowed})
+        schemas.wait_condition(unique, "True", "Registered")
+        assert versions(registry, subject) == [1] and proxy.passed > 0 and proxy.refused == 0
+
+        refused = f"{unique}-refused"
+        schemas.create(refused, {"subject": f"{refused}-value", "schema": avro(ID), "registry": elsewhere})
+        cond = schemas.wait_condition(refused, "False", "RegistryCredentials")
+        assert f"Secret default/{allowed}" in cond["message"] and "credentialNamespaces" in cond["message"]
+        assert token not in json.dumps(schemas.get(refused))
+        assert versions(registry, f"{refused}-value") == [] and proxy.refused == 0
+
+        custom = client.CustomObjectsApi(kube)
+
+        def registry_says() -> dict[str, Any] | None:
+            body = custom.get_cluster_custom_object("fibers.dev", "v1alpha1", "schemaregistries", elsewhere)
+            conds = (body.get("status") or {}).get("conditions") or []
+            return next((c for c in conds if c["type"] == "Ready" and c["reason"] == "CredentialsUnavailable"), None)
+
+        assert (
+            f"Secret default/{allowed}" in wait_for(registry_says, timeout=60, what="CredentialsUnavailable")["message"]
+        )
+    finally:
+        for name in (allowed, elsewhere):
+            platform_resources.delete(kube, name, plural=platform_resources.SCHEMA_REGISTRIES)
+        core.delete_namespaced_secret(allowed, "default")
+        proxy.close()

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from fibers.connect.clusters import ClusterSpec, SecretKey, parse_cluster, place
+from fibers.connect.clusters import ClusterSpec, parse_cluster, place
+from fibers.credentials import SecretKey
 from fibers.selectors import selector_matches
 
 
@@ -49,17 +50,17 @@ def test_parse_cluster_with_basic_auth_and_ca() -> None:
     )
     assert spec.url == "https://connect.prod:8443"
     assert spec.default and spec.generation == 3
-    assert spec.basic_user == SecretKey("fibers-system", "connect-creds", "username")
-    assert spec.basic_password == SecretKey("fibers-system", "connect-creds", "password")
-    assert spec.ca == SecretKey("fibers-system", "connect-ca", "ca.crt")
-    assert spec.bearer_token is None and not spec.insecure_skip_verify
+    assert spec.auth.basic_user == SecretKey("fibers-system", "connect-creds", "username")
+    assert spec.auth.basic_password == SecretKey("fibers-system", "connect-creds", "password")
+    assert spec.auth.ca == SecretKey("fibers-system", "connect-ca", "ca.crt")
+    assert spec.auth.bearer_token is None and not spec.auth.insecure_skip_verify
 
 
 def test_parse_cluster_with_bearer_token() -> None:
     spec = parse_cluster(
         "p", {"url": "http://c:8083", "auth": {"bearer": {"secretRef": {"namespace": "n", "name": "t"}}}}
     )
-    assert spec.bearer_token == SecretKey("n", "t", "token")
+    assert spec.auth.bearer_token == SecretKey("n", "t", "token")
 
 
 CLUSTERS = {

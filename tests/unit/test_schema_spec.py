@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fibers.credentials import HttpAuth, SecretKey
 from fibers.schemas.spec import (
     Claim,
     RegistryNotChosen,
@@ -90,3 +91,16 @@ def test_a_registry_with_a_namespace_selector_refuses_other_namespaces() -> None
 def test_adoption_is_the_registrys_to_allow() -> None:
     assert not parse_registry("r", {"url": "http://r"}).allow_adopt
     assert parse_registry("r", {"url": "http://r", "allowAdopt": True}).allow_adopt
+
+
+def test_a_registry_names_its_credentials_as_a_connect_cluster_does() -> None:
+    spec = {
+        "url": "https://r/apis/ccompat/v7",
+        "auth": {"basic": {"secretRef": {"namespace": "fibers-system", "name": "registry"}}},
+        "tls": {"caSecretRef": {"namespace": "fibers-system", "name": "registry-ca", "key": "ca.pem"}},
+    }
+    auth = parse_registry("r", spec).auth
+    assert auth.basic_user == SecretKey("fibers-system", "registry", "username")
+    assert auth.basic_password == SecretKey("fibers-system", "registry", "password")
+    assert auth.ca == SecretKey("fibers-system", "registry-ca", "ca.pem") and auth.bearer_token is None
+    assert parse_registry("r", {"url": "http://r"}).auth == HttpAuth()

@@ -11,10 +11,11 @@ registry that keeps clients and probes the clusters is `fibers.connect.registry`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fibers.conditions import READY, Condition
+from fibers.credentials import HttpAuth, parse_http_auth
 from fibers.selectors import selector_matches
 
 PLURAL = "connectclusters"
@@ -24,47 +25,23 @@ PLACEMENT_REASONS = frozenset({"NoConnectCluster", "AmbiguousDefaultCluster", "C
 
 
 @dataclass(frozen=True)
-class SecretKey:
-    namespace: str
-    name: str
-    key: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     url: str
     default: bool = False
     namespace_selector: dict[str, Any] | None = None  # None or {}: every namespace
-    basic_user: SecretKey | None = None
-    basic_password: SecretKey | None = None
-    bearer_token: SecretKey | None = None
-    ca: SecretKey | None = None
-    insecure_skip_verify: bool = False
+    auth: HttpAuth = field(default_factory=HttpAuth)
     generation: int = 0
 
 
 def parse_cluster(name: str, spec: dict[str, Any], generation: int = 0) -> ClusterSpec:
     """A ConnectCluster's spec (the CRD schema has checked its shape)."""
-    auth, tls = spec.get("auth") or {}, spec.get("tls") or {}
-    basic, bearer, ca = auth.get("basic"), auth.get("bearer"), tls.get("caSecretRef")
-
-    def key(ref: dict[str, Any], default_key: str) -> SecretKey:
-        return SecretKey(ref["namespace"], ref["name"], ref.get("key") or default_key)
-
     return ClusterSpec(
         name=name,
         url=str(spec["url"]).rstrip("/"),
         default=bool(spec.get("default", False)),
         namespace_selector=spec.get("namespaceSelector") or None,
-        basic_user=key(basic["secretRef"], "username") if basic else None,
-        basic_password=key(basic["secretRef"], "password") if basic else None,
-        bearer_token=key(bearer["secretRef"], "token") if bearer else None,
-        ca=key(ca, "ca.crt") if ca else None,
-        insecure_skip_verify=bool(tls.get("insecureSkipVerify", False)),
+        auth=parse_http_auth(spec),
         generation=generation,
     )
 

@@ -12,7 +12,6 @@ per-interval call.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import ssl
 import time
@@ -20,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fibers import conditions
+from fibers import conditions, credentials
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
-from fibers.connect.clusters import PLURAL, ClusterSpec, SecretKey, parse_cluster
+from fibers.connect.clusters import KIND, PLURAL, ClusterSpec, parse_cluster
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.kube import Kube, SecretMissing, describe
@@ -38,9 +37,8 @@ class ClusterSettings:
     """What the deployment gives the registry (see `fibers.controller`); the tuned numbers are `ConnectPolicy`'s."""
 
     refresh: float = 300.0  # seconds between probes of a reachable cluster (version, plugins)
-    # The namespaces a ConnectCluster's Secrets may be in (FIBERS_CREDENTIAL_NAMESPACES: the operator's own
-    # and those the chart lists); None: any, for an operator run by hand. Whoever may write a ConnectCluster
-    # could otherwise have any Secret of the cluster read and sent to a URL of their choosing.
+    # The namespaces a ConnectCluster's Secrets may be in (`fibers.credentials`); None: any, for an operator
+    # run by hand.
     secret_namespaces: frozenset[str] | None = None
 
 
@@ -144,48 +142,21 @@ class ConnectClusters:
         """Build the cluster's client from its Secrets; a Secret that cannot be read is a problem, read again."""
         spec = known.spec
         try:
-            headers, secrets = await self._auth_headers(spec)
-            tls = await self._tls(spec)
+            found = await credentials.resolve(spec.auth, self.kube, self.settings.secret_namespaces, KIND)
         except (SecretMissing, ValueError, ssl.SSLError) as exc:
             known.problem = str(exc)
             return
         except Exception as exc:  # forbidden, API server busy: reported, and read again
             known.problem = f"cannot read a Secret: {describe(exc)}"
             return
-        known.problem, known.secrets = "", secrets
+        known.problem, known.secrets = "", found.secrets
         known.client = ConnectClient(
             spec.url,
             timeout=self.policy.call_timeout,
             parallel=self.policy.parallel_calls,
-            headers=headers,
-            tls=tls,
+            headers=found.headers,
+            tls=found.tls,
         )
-
-    async def _value(self, ref: SecretKey) -> str:
-        allowed = self.settings.secret_namespaces
-        if allowed is not None and ref.namespace not in allowed:
-            raise ValueError(
-                f"Secret {ref.namespace}/{ref.name}: the operator reads ConnectCluster credentials only in "
-                f"namespace(s) {', '.join(sorted(allowed))} (chart value connect.credentialNamespaces)"
-            )
-        return await self.kube.secret_value(ref.namespace, ref.name, ref.key)
-
-    async def _auth_headers(self, spec: ClusterSpec) -> tuple[dict[str, str], tuple[str, ...]]:
-        if spec.basic_user and spec.basic_password:
-            user, password = await self._value(spec.basic_user), await self._value(spec.basic_password)
-            token = base64.b64encode(f"{user}:{password}".encode()).decode()
-            return {"Authorization": f"Basic {token}"}, (password, token)
-        if spec.bearer_token:
-            token = (await self._value(spec.bearer_token)).strip()
-            return {"Authorization": f"Bearer {token}"}, (token,)
-        return {}, ()
-
-    async def _tls(self, spec: ClusterSpec) -> ssl.SSLContext | bool:
-        if spec.insecure_skip_verify:
-            return False
-        if spec.ca:
-            return ssl.create_default_context(cadata=await self._value(spec.ca))
-        return True
 
     @staticmethod
     async def _close(known: Known) -> None:

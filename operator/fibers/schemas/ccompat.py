@@ -7,6 +7,7 @@ registry's own (JSON with an `error_code`, e.g. 40401 subject not found) and no 
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -54,14 +55,24 @@ class Compatibility:
 
 
 class RegistryClient:
-    def __init__(self, url: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
+        tls: ssl.SSLContext | bool = True,
+        secrets: tuple[str, ...] = (),
+    ) -> None:
         self.url = url.rstrip("/")
+        self._secrets = secrets  # masked in every error this client raises
         self._http = httpx.AsyncClient(
             base_url=self.url,
             timeout=httpx.Timeout(timeout),
             # A few calls a minute per registry: a small pool, kept alive between resyncs.
             limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
-            headers={"Accept": MEDIA_TYPE, "Content-Type": MEDIA_TYPE},
+            headers={"Accept": MEDIA_TYPE, "Content-Type": MEDIA_TYPE, **(headers or {})},
+            verify=tls,
         )
 
     async def aclose(self) -> None:
@@ -72,7 +83,7 @@ class RegistryClient:
             reply = await self._http.request(method, path, json=body, params=params or None)
         except httpx.HTTPError as exc:
             raise RegistryUnreachable(
-                f"schema registry at {redact(self.url, [])}: {exc or type(exc).__name__}"
+                redact(f"schema registry at {self.url}: {exc or type(exc).__name__}", self._secrets)
             ) from None
         try:
             answer = reply.json() if reply.content else None
@@ -81,7 +92,8 @@ class RegistryClient:
         if reply.status_code < 400:
             return answer
         if isinstance(answer, dict) and "error_code" in answer:
-            raise RegistryError(reply.status_code, int(answer["error_code"]), str(answer.get("message", "")))
+            message = redact(str(answer.get("message", "")), self._secrets)
+            raise RegistryError(reply.status_code, int(answer["error_code"]), message)
         raise RegistryUnreachable(
             f"schema registry at {redact(self.url, [])} answered HTTP {reply.status_code} without an error of its own"
         )

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from fibers import conditions
+from fibers import conditions, credentials
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, Condition, format_time, utcnow
-from fibers.kube import Kube, describe
+from fibers.kube import Kube, SecretMissing, describe
 from fibers.schemas import reconcile
 from fibers.schemas.ccompat import RegistryClient, RegistryError, RegistryUnreachable
 from fibers.schemas.reconcile import Outcome, SchemaSettings
@@ -33,6 +34,11 @@ from fibers.schemas.spec import (
 from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.schemas")
+REGISTRY_KIND = "SchemaRegistry"
+
+
+class CredentialsUnavailable(Exception):
+    """A Secret the SchemaRegistry names cannot be read, or is outside the credential namespaces."""
 
 
 class SchemaOperator:
@@ -40,19 +46,35 @@ class SchemaOperator:
         self.kube = kube
         self.settings = settings
         self.default_registry = default_registry
-        self._clients: dict[str, RegistryClient] = {}
+        self._clients: dict[str, tuple[RegistrySpec, RegistryClient]] = {}  # registry name → client of that spec
         self._looked_at: dict[str, float] = {}  # uid → monotonic time of the last full reconcile
         self._registries: dict[str, dict[str, Any]] = {}  # name → the SchemaRegistry's body, from its watch
         self._due: dict[str, float] = {}  # name → monotonic time of its next probe
         self._wake = asyncio.Event()
 
-    def client(self, registry: RegistrySpec) -> RegistryClient:
-        if registry.url not in self._clients:
-            self._clients[registry.url] = RegistryClient(registry.url)
-        return self._clients[registry.url]
+    async def client(self, registry: RegistrySpec) -> RegistryClient:
+        """The registry's client, with its credentials read when it is first used or its spec changed.
+
+        Raises CredentialsUnavailable when a Secret it names cannot be read (or may not be)."""
+        kept = self._clients.get(registry.name)
+        if kept is not None and kept[0] == registry:
+            return kept[1]
+        try:
+            found = await credentials.resolve(registry.auth, self.kube, self.settings.secret_namespaces, REGISTRY_KIND)
+        except (SecretMissing, ValueError, ssl.SSLError) as exc:
+            raise CredentialsUnavailable(f"SchemaRegistry {registry.name}: {exc}") from None
+        except Exception as exc:  # forbidden, API server busy: reported, and read again
+            raise CredentialsUnavailable(
+                f"SchemaRegistry {registry.name}: cannot read a Secret: {describe(exc)}"
+            ) from None
+        if kept is not None:
+            await kept[1].aclose()
+        made = RegistryClient(registry.url, headers=found.headers, tls=found.tls, secrets=found.secrets)
+        self._clients[registry.name] = (registry, made)
+        return made
 
     async def aclose(self) -> None:
-        for c in self._clients.values():
+        for _, c in self._clients.values():
             await c.aclose()
 
     # ----- Schema ----------------------------------------------------------------------------------
@@ -92,7 +114,12 @@ class SchemaOperator:
             await self._write(body, out)
             return
         try:
-            out = await reconcile.reconcile(spec, registry, self.client(registry), status)
+            out = await reconcile.reconcile(spec, registry, await self.client(registry), status)
+        except CredentialsUnavailable as exc:
+            out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
+            out.conditions = conditions.waiting(
+                "RegistryCredentials", f"{exc}; tried again every {self.settings.retry:.0f} s"
+            )
         except RegistryUnreachable as exc:
             out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
             out.conditions = conditions.waiting(
@@ -114,7 +141,7 @@ class SchemaOperator:
         if registry is None:
             log.warning("SchemaRegistry %s is gone: subject %s kept", status.get("registry"), spec.subject)
             return
-        deleted = await self.client(registry).delete_subject(spec.subject)  # unreachable: kopf retries
+        deleted = await (await self.client(registry)).delete_subject(spec.subject)  # unreachable: kopf retries
         log.info("subject soft-deleted", extra={"subject": spec.subject, "versions": deleted})
 
     async def _write(self, body: dict[str, Any], out: Outcome) -> None:
@@ -178,10 +205,12 @@ class SchemaOperator:
         previous, generation = dict(body.get("status") or {}), int(body["metadata"].get("generation", 0))
         status: dict[str, Any] = {"url": registry.url, "observedGeneration": generation}
         try:
-            subjects = await self.client(registry).subjects()
-            status["subjects"] = len(subjects)
-            status["compatibility"] = await self.client(registry).global_compatibility()
+            client = await self.client(registry)
+            status["subjects"] = len(await client.subjects())
+            status["compatibility"] = await client.global_compatibility()
             conds: list[Condition] = conditions.ready("Reachable", f"the registry answers at {registry.url}")
+        except CredentialsUnavailable as exc:
+            conds = conditions.waiting("CredentialsUnavailable", str(exc))
         except (RegistryUnreachable, RegistryError) as exc:
             conds = conditions.waiting("Unreachable", str(exc))
         status["conditions"] = conditions.merge(previous.get("conditions"), conds, generation, format_time(utcnow()))

@@ -29,6 +29,8 @@ class SchemaSettings:
     resync: float = 60.0  # seconds between looks at an in-sync subject (drift, deleted versions)
     retry: float = 10.0  # seconds between tries while the registry does not answer (the Schema timer's beat)
     registry_probe: float = 60.0  # seconds between probes of a SchemaRegistry
+    # Where a SchemaRegistry's Secrets may be (FIBERS_CREDENTIAL_NAMESPACES, `fibers.credentials`); None: any.
+    secret_namespaces: frozenset[str] | None = None
 
 
 @dataclass
