@@ -6,7 +6,9 @@ One operator watches both namespaces, with the chart's pod policy. Team A runs a
 tries, as itself, every way the operator could be turned on A: A's connector by name and with a forged
 claim, ConfigMaps it did not create, A's Secret through a reference, images, ServiceAccounts, hostPath
 and Spark settings the platform did not allow, and a ConnectCluster of its own. After each, A's
-connector is unchanged, and B's resource says which field was refused.
+connector is unchanged, and B's resource says which field was refused. Then the pods' side: what B's
+people and pods may do in A (nothing of Leases, checkpoints, Secrets), a Lease B planted under its own
+consumer's name, and figures B writes for the operator to read, malformed and oversized.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from fibers.api import ANNOTATION_CONNECT_CLUSTER, ANNOTATION_OWNED_CONNECTOR
+from fibers.databus.checkpoint_store import STATS_ANNOTATION
 from fibers.databus.owners import LABEL_CONSUMER
+from fibers.databus.ownership import lease_name
+from fibers.databus.stats import STATS_MAX_CHARS
 from fibers_stack import StackInfo, fetch, namespaces
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT
 from tests.helpers import Resources, render_chart, token_kubeconfig, wait_for
@@ -229,3 +234,91 @@ def test_team_b_reaches_nothing_of_team_a_through_the_operator(
     assert a_connects.condition(unique)["status"] == "True"
     a_connects.delete(unique)
     wait_for(lambda: not a_connects.exists(unique), timeout=60, what="A's Connect deleted")
+
+
+def _may(kube: ApiClient, namespace: str, account: str, verb: str, resource: str, where: str, group: str = "") -> bool:
+    """Whether the ServiceAccount `namespace`/`account` may `verb` `resource` in `where`, as the API server decides."""
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{namespace}:{account}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+            resource_attributes=client.V1ResourceAttributes(group=group, resource=resource, verb=verb, namespace=where),
+        )
+    )
+    return bool(client.AuthorizationV1Api(kube).create_subject_access_review(review).status.allowed)
+
+
+def test_team_b_reaches_no_lease_secret_or_memory_of_the_operator_through_its_pods_or_writes(
+    kube: ApiClient, as_b: ApiClient, operator: OperatorProcess, namespace: str, team_b: str, unique: str
+) -> None:
+    team_a = namespace
+    coordination = client.CoordinationV1Api(kube)
+    # A consumer of A's holds a Lease; B names a consumer of its own the same.
+    a_lease = lease_name("orders", "t", 0)
+    coordination.create_namespaced_lease(
+        team_a,
+        client.V1Lease(
+            metadata=client.V1ObjectMeta(name=a_lease, labels={LABEL_CONSUMER: "orders"}),
+            spec=client.V1LeaseSpec(holder_identity="orders-0_a", lease_duration_seconds=15),
+        ),
+    )
+    before = coordination.read_namespaced_lease(a_lease, team_a).metadata.resource_version
+
+    # What B's people and B's pods (consumers, Spark drivers) may do in A, as the API server decides: nothing
+    # of Leases, checkpoints or Secrets. The positive control: the consumer pods' own Leases in B.
+    assert _may(kube, team_b, CONSUMER_SERVICE_ACCOUNT, "update", "leases", team_b, "coordination.k8s.io")
+    for account in ("dev", CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT):
+        for verb, resource, group in (
+            ("update", "leases", "coordination.k8s.io"),
+            ("update", "configmaps", ""),
+            ("get", "secrets", ""),
+        ):
+            assert not _may(kube, team_b, account, verb, resource, team_a, group), (account, verb, resource)
+
+    b_consumers, b_core = Resources(as_b, "databusconsumers", team_b), client.CoreV1Api(as_b)
+    consumer = {"sources": ["t"], "sink": {"type": "log"}}
+    # A Lease B made under the name of one of its consumer's partitions: never taken over, a Conflict.
+    planted = lease_name("leased", "t", 0)
+    client.CoordinationV1Api(as_b).create_namespaced_lease(
+        team_b, client.V1Lease(metadata=client.V1ObjectMeta(name=planted), spec=client.V1LeaseSpec(holder_identity="b"))
+    )
+    b_consumers.create("leased", consumer)
+    assert f"Lease {planted}" in b_consumers.wait_condition("leased", "False", "Conflict", timeout=30)["message"]
+    b_consumers.create("orders", {**consumer, "serviceAccount": "default"})  # A's consumer's name, refused pods
+
+    # A Secret of A's through the consumer's reference: the reference has no namespace (the API server drops
+    # one), so its pods could only ever be given B's Secret of that name.
+    sink = {"type": "mongodb", "database": "d", "collection": "c"}
+    sink["uriSecretRef"] = {"name": f"{unique}-db", "key": "uri", "namespace": team_a}
+    b_consumers.create("secretref", {"sources": ["t"], "sink": sink, "serviceAccount": "default"})
+    assert b_consumers.get("secretref")["spec"]["sink"]["uriSecretRef"] == {"name": f"{unique}-db", "key": "uri"}
+
+    # Figures B's pods (or B) write on the checkpoint ConfigMap: malformed, then oversized. The consumer runs
+    # no pod (its ServiceAccount is refused), so what the operator reads is B's writing alone.
+    b_core.create_namespaced_config_map(
+        team_b,
+        client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(
+                name="stats-checkpoint",
+                labels={LABEL_CONSUMER: "stats"},
+                annotations={f"{STATS_ANNOTATION}0": "{not json"},
+            )
+        ),
+    )
+    b_consumers.create("stats", {**consumer, "serviceAccount": "default"})
+    said = "instance figures ignored: fibers.dev/stats-0"
+    wait_for(lambda: f"{said}: not JSON" in operator.log(), timeout=30, what="malformed figures said")
+    for filler in "xy":  # two changes, one message: said once, not at every reconcile
+        patch = {"metadata": {"annotations": {f"{STATS_ANNOTATION}0": filler * (STATS_MAX_CHARS + 1)}}}
+        b_core.patch_namespaced_config_map("stats-checkpoint", team_b, patch)
+        wait_for(lambda: f"{said}: over" in operator.log(), timeout=30, what="oversized figures said")
+    wait_for(lambda: b_consumers.status("stats").get("checkpointConfigMap"), timeout=30, what="status written")
+    assert "sinks" not in b_consumers.status("stats") and operator.log().count(f"{said}: over") == 1
+
+    for name in ("leased", "orders", "secretref", "stats"):
+        b_consumers.delete(name)
+    for name in ("leased", "orders", "secretref", "stats"):
+        wait_for(lambda n=name: not b_consumers.exists(n), timeout=60, what=f"{name} deleted by B")
+    assert coordination.read_namespaced_lease(a_lease, team_a).metadata.resource_version == before
+    assert client.CoordinationV1Api(as_b).read_namespaced_lease(planted, team_b).spec.holder_identity == "b"
+    coordination.delete_namespaced_lease(a_lease, team_a)
