@@ -7,6 +7,7 @@ Files reach the pods through a hostPath volume the Transform declares (`spark.vo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -17,7 +18,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
+from fibers import kubeapi
 from fibers.conditions import parse_time
+from fibers.jobs import report
+from fibers.jobs.spec import result_config_map
+from fibers.kube import Kube
+from fibers.transform.sparkapp import SparkApplications
 from fibers_stack import StackInfo, spark_operator
 from tests.helpers import Resources, produce, read_topic, wait_for
 from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess
@@ -476,3 +482,32 @@ def test_a_schedule_that_is_not_cron_is_refused_by_the_api_server(
     with pytest.raises(client.exceptions.ApiException) as err:
         transforms.create(unique, spec)
     assert err.value.status == 422 and "spec.schedule" in err.value.body
+
+
+def test_a_result_configmap_of_another_is_never_written_read_or_deleted_as_a_runs(
+    kube: ApiClient, namespace: str, stack_info: StackInfo, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's result ConfigMap has a name anyone in the namespace may have taken: the driver writes over
+    only one a run of its Transform wrote, and the operator reads and deletes only such a one (its uid)."""
+    monkeypatch.setenv("KUBECONFIG", stack_info.kubeconfig)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    report.kube_api.cache_clear()  # the driver's client, made once per process: from this KUBECONFIG
+    core = client.CoreV1Api(kube)
+    theirs, ours = result_config_map(f"{unique}-1"), result_config_map(f"{unique}-2")
+    core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=theirs), data={"recordsOut": "7"})
+    )
+    assert not report.write_error_config_map(namespace, theirs, unique, "boom")
+    assert report.write_error_config_map(namespace, ours, unique, "first")
+    assert report.write_error_config_map(namespace, ours, unique, "second")  # a rerun's driver replaces its own
+
+    async def operator_side() -> tuple[dict[str, str], dict[str, str]]:
+        apps = SparkApplications(Kube(kubeapi.Api(kubeapi.from_kubeconfig(stack_info.kubeconfig))))
+        found = await apps.result(namespace, unique, f"{unique}-1"), await apps.result(namespace, unique, f"{unique}-2")
+        for run in (f"{unique}-1", f"{unique}-2"):
+            await apps.delete_result(namespace, unique, run)
+        return found
+
+    assert asyncio.run(operator_side()) == ({}, {"error": "second"})
+    assert core.read_namespaced_config_map(theirs, namespace).data == {"recordsOut": "7"}
+    assert ours not in {cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items}

@@ -575,6 +575,7 @@ def test_under_spark_submit_the_kafka_jars_come_from_the_class_path(
 
 
 def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fibers.jobs.spec import result_labels
     from fibers.kubeapi import ApiError
 
     calls: list[tuple[str, Any]] = []
@@ -583,6 +584,9 @@ def test_result_config_map_is_created_or_replaced(monkeypatch: pytest.MonkeyPatc
         def create(self, url: str, body: Any, **kwargs: Any) -> None:
             calls.append(("create", body["data"]))
             raise ApiError(409, "AlreadyExists")
+
+        def get(self, url: str) -> Any:  # an earlier run's: the labels a run writes
+            return {"metadata": {"labels": result_labels("orders-report"), "resourceVersion": "1"}}
 
         def replace(self, url: str, body: Any, **kwargs: Any) -> None:
             calls.append(("replace", url))

@@ -34,7 +34,8 @@ async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     reconciles: Reconciles = memo.reconciles
     reconciles.forget(KIND, namespace, name)
     metrics.forget_consumer(namespace, name)
+    reconciler: DatabusReconciler = memo.databus
+    reconciler.forget(namespace, name)
     if ((body["spec"].get("checkpoint") or {}).get("retention") or "Retain") != "Delete":
         return
-    reconciler: DatabusReconciler = memo.databus
     await reconciler.delete_checkpoints(dict(body))

@@ -316,6 +316,11 @@ class DatabusReconciler:
         new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
         return new
 
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted consumer: what was said about it once may be said again of a new one of its name."""
+        self._skipped = {said for said in self._skipped if said[:2] != (namespace, name)}
+        self._told = {told for told in self._told if told[:2] != (namespace, name)}
+
     def _say_skipped(self, namespace: str, name: str, skipped: list[str]) -> None:
         """Figures a pod wrote that are not read (`stats`): said once each, not at every reconcile."""
         for what in skipped:

@@ -17,7 +17,7 @@ from typing import Any, cast
 from pyspark.errors import PySparkException
 
 from fibers import kubeapi, lineage
-from fibers.jobs.spec import FilesSink, FilesSource, JobSpec
+from fibers.jobs.spec import FilesSink, FilesSource, JobSpec, result_labels, written_for
 from fibers.redact import truncate
 
 log = logging.getLogger("fibers.jobs.report")
@@ -69,17 +69,27 @@ def write_error_config_map(namespace: str, name: str, transform_name: str, messa
 
 
 def _write_config_map(namespace: str, name: str, transform_name: str, data: dict[str, str]) -> bool:
+    """Create the ConfigMap, or replace one a run of this Transform wrote (the one read: its resourceVersion);
+    one of that name that is someone else's is never written over."""
     try:
         api = kube_api()
-        labels = {"app.kubernetes.io/managed-by": "fibers", "fibers.dev/transform": transform_name}
-        meta = {"name": name, "namespace": namespace, "labels": labels}
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": result_labels(transform_name)}
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
         try:
             api.create(kubeapi.path("v1", "configmaps", namespace), body, timeout=10)
         except kubeapi.ApiError as exc:
             if exc.status != 409:
                 raise
-            api.replace(kubeapi.path("v1", "configmaps", namespace, name), body, timeout=10)
+            url = kubeapi.path("v1", "configmaps", namespace, name)
+            existing = api.get(url)
+            if not written_for(existing, transform_name):
+                log.warning(
+                    "result ConfigMap not written: one of its name is not this Transform's",
+                    extra={"configmap": f"{namespace}/{name}"},
+                )
+                return False
+            meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            api.replace(url, body, timeout=10)
     except Exception as exc:
         log.warning(
             "could not write the result ConfigMap",

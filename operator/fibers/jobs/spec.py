@@ -20,6 +20,23 @@ MODES = ("batch", "streaming")
 SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
 DEFAULT_TRIGGER_SECONDS = 2.0
 _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_TRANSFORM = "fibers.dev/transform"  # on the result ConfigMap a run's driver writes
+
+
+def result_config_map(run: str) -> str:
+    """The name of the ConfigMap a run's driver writes its result (or its error) to: spec.resultConfigMap."""
+    return f"{run}-result"
+
+
+def result_labels(transform: str) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": "fibers", LABEL_TRANSFORM: transform}
+
+
+def written_for(configmap: Mapping[str, Any], transform: str) -> bool:
+    """Whether a ConfigMap of a result's name is one a run of `transform` wrote: only such a one is read as a
+    result, replaced by a later write, or deleted with its run; any other of that name is left alone."""
+    labels = (configmap.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in result_labels(transform).items())
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,7 @@ class TransformReconciler:
 
         for name in plan.delete:
             await self.apps.delete(namespace, name)
-            await self.apps.delete_result(namespace, name)
+            await self.apps.delete_result(namespace, view.name, name)
             log.info("run deleted", extra={**ctx, "run": name})
         if plan.suspend_current:
             current["applicationState"] = runs.SUSPENDED
@@ -209,7 +209,7 @@ class TransformReconciler:
         result = {}
         # The job writes its result, or its error, to a ConfigMap when its driver ends.
         if current_app is not None and sparkapp.state_of(current_app) in sparkapp.DRIVER_ENDED:
-            result = await self.apps.result(namespace, current["name"])
+            result = await self.apps.result(namespace, view.name, current["name"])
             # No error in the result ConfigMap (the driver died first, or could not reach the API): its last words.
             failed = "error" not in result and sparkapp.state_of(current_app) in sparkapp.DRIVER_FAILED
             if failed and (message := await self.apps.driver_message(current_app)):

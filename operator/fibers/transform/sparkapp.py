@@ -12,6 +12,7 @@ from typing import Any
 
 from fibers import termination
 from fibers.jobs.progress import METRICS_PORT_ENV
+from fibers.jobs.spec import result_config_map, written_for
 from fibers.kube import Kube, adopt
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
@@ -231,13 +232,18 @@ class SparkApplications:
     async def delete(self, namespace: str, name: str) -> None:
         await self.kube.delete(path(API, PLURAL, namespace, name), propagation="Background")
 
-    async def result(self, namespace: str, run: str) -> dict[str, str]:
-        """What the job reported in its result ConfigMap, if it wrote one."""
-        cm = await self.kube.read(path("v1", "configmaps", namespace, f"{run}-result"))
-        return dict((cm or {}).get("data") or {})
+    async def result(self, namespace: str, transform: str, run: str) -> dict[str, str]:
+        """What the job reported in its result ConfigMap, if it wrote one: a ConfigMap of that name that the
+        job did not write (not labelled for this Transform) is not its result."""
+        cm = await self.kube.read(path("v1", "configmaps", namespace, result_config_map(run)))
+        return dict(cm.get("data") or {}) if cm is not None and written_for(cm, transform) else {}
 
-    async def delete_result(self, namespace: str, run: str) -> None:
-        await self.kube.delete(path("v1", "configmaps", namespace, f"{run}-result"))
+    async def delete_result(self, namespace: str, transform: str, run: str) -> None:
+        """Delete the run's result ConfigMap, the one read (its uid), and only if the job wrote it."""
+        url = path("v1", "configmaps", namespace, result_config_map(run))
+        cm = await self.kube.read(url)
+        if cm is not None and written_for(cm, transform):
+            await self.kube.delete(url, uid=cm["metadata"]["uid"])
 
     async def driver_message(self, app: dict[str, Any]) -> str:
         """The driver container's termination message: the job's error line, or its log's tail

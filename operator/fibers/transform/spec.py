@@ -12,7 +12,7 @@ from croniter import croniter
 
 from fibers import podpolicy
 from fibers.api import TRANSFORM_PLURAL
-from fibers.jobs.spec import JobSpec, SpecError
+from fibers.jobs.spec import JobSpec, SpecError, result_config_map
 from fibers.podpolicy import PodPolicy
 
 PLURAL = TRANSFORM_PLURAL
@@ -117,7 +117,7 @@ def render_job(
         "mode": spec.get("mode", "batch"),
         "inputs": inputs,
         "sparkConf": dict((spec.get("spark") or {}).get("sparkConf") or {}),
-        "resultConfigMap": f"{run}-result",
+        "resultConfigMap": result_config_map(run),
         "output": None,
         "streamBack": spec.get("streamBack"),
     }
