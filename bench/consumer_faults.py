@@ -4,9 +4,9 @@ just after it, while the consumer talks to the real Kafka, MongoDB, API server a
 One case is a boundary (a failpoint, `fibers.failpoints`) and a fault, run against a fresh CDC
 workload: Debezium-shaped change events (inserts, updates, deletes; transactions of 1-3 changes;
 SCNs from a made-up WAL position) produced straight to a 2-partition topic, half before the consumer
-starts and half while it runs. The consumer is `fibers consume` (what consumer pods run), started
-the way the kubelet would: restarted if it dies, without the fault the second time. Checked after
-recovery, whatever the timing:
+starts and half while it runs. The consumer is `fibers consume` in a pod of the job image
+(`bench.consumer_pods`), replaced as its StatefulSet would replace it if it dies, without the fault the
+second time. Checked after recovery, whatever the timing:
 
 - the sink equals the source: every key's latest value (a deleted key absent), for the MongoDB view;
   every change on the output topic for a Kafka sink; every change kept for a history sink;
@@ -26,18 +26,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -46,6 +41,7 @@ from kubernetes import client
 from pymongo import MongoClient
 
 import fibers_stack as stack
+from bench.consumer_pods import KILLED, ConsumerPod
 from fibers import failpoints
 from fibers.databus.checkpoint import Checkpoint, timeline_key
 from fibers.databus.store import collection_suffix
@@ -59,7 +55,6 @@ CALLBACK_TIMEOUT = 10.0
 SETTLE_SECONDS = 90.0  # the most a case waits for the sink to equal the source after its fault
 START_WAIT_SECONDS = 60.0  # the most a case waits for its consumer to start reading before the second half
 PACE_SECONDS = 0.01  # between the second half's transactions: many small batches, so the Nth hit of a point comes
-HUNG = "hung on SIGTERM"  # an exit the harness had to force
 
 
 @dataclass(frozen=True)
@@ -252,8 +247,8 @@ class Outcome:
 class Harness:
     """The servers' clients and the namespace the cases run in."""
 
-    def __init__(self, info: stack.StackInfo, api: client.ApiClient, namespace: str, workdir: Path) -> None:
-        self.info, self.api, self.namespace, self.workdir = info, api, namespace, workdir
+    def __init__(self, info: stack.StackInfo, api: client.ApiClient, namespace: str) -> None:
+        self.info, self.api, self.namespace = info, api, namespace
         self.core = client.CoreV1Api(api)
         self.mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
         self.admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})
@@ -287,22 +282,17 @@ class Harness:
             **extra,
         }
 
-    def _start(self, config: dict[str, Any], log: Path, failpoints: str = "") -> subprocess.Popen[bytes]:
+    def _start(self, config: dict[str, Any], pods: list[ConsumerPod], failpoints: str = "") -> ConsumerPod:
+        """A consumer pod for `config` (the next of its name), added to `pods`."""
         env = {
-            **os.environ,
-            **self.info.env(),
             "FIBERS_SINK_MONGODB_URI": self.info.mongodb_uri,
             "FIBERS_BOOTSTRAP_MONGODB_URI": self.info.mongodb_uri,
             "FIBERS_FAILPOINTS": failpoints,
-            "FIBERS_TERMINATION_LOG": str(log.with_suffix(".termination")),
         }
-        with open(log, "ab") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "fibers", "consume", "--config", json.dumps(config)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
+        name = f"{config['name']}-{len(pods)}"
+        pod = ConsumerPod(self.core, self.namespace, name, image=self.info.images["job"], config=config, env=env)
+        pods.append(pod)
+        return pod
 
     def _checkpoint_offsets(self, name: str, topic: str) -> dict[int, int]:
         try:
@@ -332,13 +322,14 @@ class Harness:
         return behind
 
     @staticmethod
-    def _consuming(log: Path, proc: subprocess.Popen[bytes]) -> None:
-        """Until the process says it consumes (or ends, or START_WAIT_SECONDS pass: the case goes on)."""
+    def _consuming(pod: ConsumerPod) -> None:
+        """Until the consumer says it consumes (or ends, or START_WAIT_SECONDS pass: the case goes on)."""
+        pod.wait_running()
         deadline = time.monotonic() + START_WAIT_SECONDS
-        while time.monotonic() < deadline and proc.poll() is None:
-            if log.exists() and '"consuming"' in log.read_text(errors="replace"):
+        while time.monotonic() < deadline and pod.poll() is None:
+            if '"consuming"' in pod.log():
                 return
-            time.sleep(0.2)
+            time.sleep(0.3)
 
     def run(self, case: Case, records: int, seed: int) -> Outcome:
         unique = "f" + uuid.uuid4().hex[:8]
@@ -347,14 +338,14 @@ class Harness:
         self._topic(unique)
         generator = Generator(seed)
         outcome = Outcome(case.name, records)
-        log = self.workdir / f"{unique}.log"
-        procs: list[subprocess.Popen[bytes]] = []
+        pods: list[ConsumerPod] = []  # the consumer's, in order: the first with the fault, the rest without
+        helpers: list[ConsumerPod] = []
         extra: dict[str, Any] = {}
         if case.bootstrap:
             # A store consumer fills the bootstrap store first; the consumer under test bootstraps from it.
             produce(self.info.kafka_bootstrap, workload, generator, records // 2)
             store = self._config(f"{unique}-store", unique, [self._sink("bootstrap", unique)])
-            procs.append(self._start(store, self.workdir / f"{unique}-store.log"))
+            self._start(store, helpers)
             extra = {
                 "startPosition": "bootstrap",
                 "bootstrap": {"uriEnv": "FIBERS_BOOTSTRAP_MONGODB_URI", "database": unique},
@@ -364,65 +355,73 @@ class Harness:
             produce(self.info.kafka_bootstrap, workload, generator, records // 2)
         sinks = [self._sink(kind, unique) for kind in case.sinks]
         config = self._config(f"{unique}-c", unique, sinks, **extra)
-        with self._sampling(unique, "mongodb" in case.sinks, outcome):
-            proc = self._start(config, log, case.spec)
-            # The second half once the consumer reads the relay: produced while it still starts (a few
-            # seconds on a busy machine), it is all there at once and comes in one or two batches, and a
-            # fault that skips the first hits of a point would wait for hits that never come.
-            self._consuming(log, proc)
-            half = threading.Thread(
-                target=produce,
-                args=(self.info.kafka_bootstrap, workload, generator, records - records // 2),
-                kwargs={"pace": PACE_SECONDS},
-            )
-            half.start()
-            deadline = time.monotonic() + SETTLE_SECONDS
-            ended = False  # the process ended by itself: a finding, not something to paper over with a restart
-            while time.monotonic() < deadline:
-                code = proc.poll()
-                if code is not None:  # died: check the checkpoint against the view, then start it again
-                    killed = code == -signal.SIGKILL
-                    outcome.exits.append(None if killed else code)
-                    if "mongodb" in case.sinks:
-                        half.join()
-                        before = self._checkpoint_offsets(config["name"], unique)
-                        outcome.checkpoint_ahead += self._behind(self._view(unique, "mongodb"), workload, before)
-                    if not killed or outcome.restarts > case.restarts:
-                        ended = True
-                        break
-                    outcome.restarts += 1
-                    proc = self._start(config, log)
-                if not half.is_alive() and self._fired(log) >= case.firings and self._lost(case, unique, workload) == 0:
-                    break
-                time.sleep(0.5)
-            half.join()
-            if not ended:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    outcome.exits.append(proc.wait(30))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                    outcome.exits.append(HUNG)
-        for other in procs:
-            other.send_signal(signal.SIGTERM)
-            other.wait(30)
-        outcome.lost = self._lost(case, unique, workload)
-        text = log.read_text() if log.exists() else ""
-        outcome.replayed_windows = text.count("rolling back")
-        outcome.fired = text.count("failpoint fired")  # the restarted processes run without the fault
-        outcome.seconds = round(time.monotonic() - started, 1)
-        outcome.log_tail = log.read_text()[-3000:] if log.exists() else ""
-        self.mongo.drop_database(unique)
-        self.admin.delete_topics([unique, f"{unique}-out"])
-        for name in (config["name"], f"{unique}-store"):
-            with contextlib.suppress(client.exceptions.ApiException):  # no store consumer without a bootstrap
-                self.core.delete_namespaced_config_map(f"{name}-checkpoint", self.namespace)
+        try:
+            with self._sampling(unique, "mongodb" in case.sinks, outcome):
+                self._drive(case, config, workload, generator, records, pods, outcome)
+            for helper in helpers:
+                helper.stop()
+            outcome.lost = self._lost(case, unique, workload)
+            text = "\n".join(pod.log() for pod in pods)
+            outcome.replayed_windows = text.count("rolling back")
+            outcome.fired = text.count("failpoint fired")  # the pods started again run without the fault
+            outcome.seconds = round(time.monotonic() - started, 1)
+            outcome.log_tail = text[-3000:]
+        finally:
+            for pod in pods + helpers:
+                pod.delete()
+            self.mongo.drop_database(unique)
+            self.admin.delete_topics([unique, f"{unique}-out"])
+            for name in (config["name"], f"{unique}-store"):
+                with contextlib.suppress(client.exceptions.ApiException):  # no store consumer without a bootstrap
+                    self.core.delete_namespaced_config_map(f"{name}-checkpoint", self.namespace)
         return outcome
 
-    @staticmethod
-    def _fired(log: Path) -> int:
-        return log.read_text().count("failpoint fired") if log.exists() else 0
+    def _drive(
+        self,
+        case: Case,
+        config: dict[str, Any],
+        workload: Workload,
+        generator: Generator,
+        records: int,
+        pods: list[ConsumerPod],
+        outcome: Outcome,
+    ) -> None:
+        """Run the consumer through the fault: the second half produced while it reads, a pod that died
+        replaced (as its StatefulSet would) after the checkpoint is checked against the view, and the last
+        one stopped once the fault fired and the sinks caught up."""
+        unique = config["relay"]["topics"][0]
+        pod = self._start(config, pods, case.spec)
+        # The second half once the consumer reads the relay: produced while it still starts (a few
+        # seconds on a busy machine), it is all there at once and comes in one or two batches, and a
+        # fault that skips the first hits of a point would wait for hits that never come.
+        self._consuming(pod)
+        half = threading.Thread(
+            target=produce,
+            args=(self.info.kafka_bootstrap, workload, generator, records - records // 2),
+            kwargs={"pace": PACE_SECONDS},
+        )
+        half.start()
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            code = pod.poll()
+            if code is not None:  # died: check the checkpoint against the view, then start another
+                killed = code == KILLED
+                outcome.exits.append(None if killed else code)
+                if "mongodb" in case.sinks:
+                    half.join()
+                    before = self._checkpoint_offsets(config["name"], unique)
+                    outcome.checkpoint_ahead += self._behind(self._view(unique, "mongodb"), workload, before)
+                if not killed or outcome.restarts > case.restarts:
+                    half.join()  # it ended by itself, or died once too often: a finding, not papered over
+                    return
+                outcome.restarts += 1
+                pod = self._start(config, pods)
+            fired = sum(p.log().count("failpoint fired") for p in pods)
+            if not half.is_alive() and fired >= case.firings and self._lost(case, unique, workload) == 0:
+                break
+            time.sleep(0.5)
+        half.join()
+        outcome.exits.append(pod.stop())
 
     def _wait_store(self, unique: str, workload: Workload) -> None:
         applier = self.mongo[unique][f"applier_{collection_suffix(unique)}"]
@@ -563,9 +562,7 @@ def matrix(
     cases = [c for c in MATRIX if not names or c.name in names.split(",")]
     namespace = f"faults-{uuid.uuid4().hex[:6]}"
     namespaces.create(api, namespace)
-    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / namespace
-    workdir.mkdir(parents=True, exist_ok=True)
-    harness = Harness(info, api, namespace, workdir)
+    harness = Harness(info, api, namespace)
     per_case: dict[str, Any] = {}
     totals = {
         "faults_injected": 0,
