@@ -163,3 +163,25 @@ def test_the_bootstrap_store_logs_each_change_once_even_when_replayed(
     assert [d["offset"] for d in log.find({}, {"offset": 1}).sort("_id", 1)] == [*range(1, 121), 200]
     assert db["snapshot_t"].count_documents({}) == 119  # k0 deleted
     assert db["applier_t"].find_one({"_id": 0}) == {"_id": 0, "scn": 200, "offset": 200}
+
+
+def test_a_history_replayed_writes_nothing_again_and_a_changed_document_is_put_right(
+    mongo: MongoClient[dict[str, Any]], unique: str, server: MongoServer
+) -> None:
+    """History documents are keyed by the change's position: a replayed window finds them stored as they
+    are and replaces none (on FerretDB a thousand replaces outlasted a callback's timeout), while one
+    stored with other content (a topic made again under its name) is replaced."""
+    collection = mongo["history"][unique]
+    documents = [{"_id": f"t/0/{i}", "op": "c", "_offset": i} for i in range(120)]
+    server.insert_absent(collection, documents)
+    collection.update_one({"_id": "t/0/7"}, {"$set": {"op": "stale"}})
+    replaced: list[Any] = []
+
+    class Recording(OneStatementAtATime):
+        def bulk_write(self, operations: list[Any], ordered: bool = True) -> None:
+            replaced.extend(op._filter["_id"] for op in operations if isinstance(op, ReplaceOne))
+            super().bulk_write(operations, ordered)
+
+    server.insert_absent(Recording(collection), [*documents, {"_id": "t/0/120", "op": "c", "_offset": 120}])
+    assert replaced == ["t/0/7"]
+    assert collection.count_documents({}) == 121 and collection.find_one({"_id": "t/0/7"})["op"] == "c"

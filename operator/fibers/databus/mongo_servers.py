@@ -70,6 +70,11 @@ class MongoServer(Protocol):
         """Plain bulk write (no guard), in the bulks this server answers."""
         ...
 
+    def insert_absent(self, collection: Any, documents: list[dict[str, Any]]) -> None:
+        """Write documents whose `_id` determines their content (a history's) without replacing one that
+        is stored as it is (a replayed window): see `insert_absent`."""
+        ...
+
 
 def duplicate_indexes(exc: BulkWriteError) -> set[int] | None:
     """The operations a bulk write refused only because their `_id` exists; None if anything else failed."""
@@ -77,6 +82,32 @@ def duplicate_indexes(exc: BulkWriteError) -> set[int] | None:
     if not errors or exc.details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
         return None
     return {int(e["index"]) for e in errors}
+
+
+def insert_absent(collection: Any, documents: list[dict[str, Any]], limit: int | None) -> None:
+    """Insert in bulks of `limit` (None: one), unordered; documents whose `_id` exists are read back (one
+    query) and replaced only where they differ (a topic deleted and made again under its name).
+
+    A replayed window finds all of its documents written and replaces none: on FerretDB (SQLite) a
+    replace scans the collection, and a replayed window of a thousand upserts took longer than a
+    callback's timeout, every time."""
+    step = limit or max(len(documents), 1)
+    present: list[Any] = []
+    for start in range(0, len(documents), step):
+        chunk = documents[start : start + step]
+        try:
+            collection.bulk_write([InsertOne(d) for d in chunk], ordered=False)
+        except BulkWriteError as exc:
+            if (refused := duplicate_indexes(exc)) is None:
+                raise
+            present.extend(chunk[i]["_id"] for i in refused)
+    if not present:
+        return
+    stored = {d["_id"]: d for d in collection.find({"_id": {"$in": present}})}
+    wanted = {d["_id"]: d for d in documents}
+    replaces = [ReplaceOne({"_id": k}, wanted[k], upsert=False) for k in present if stored.get(k) != wanted[k]]
+    for start in range(0, len(replaces), step):
+        collection.bulk_write(replaces[start : start + step], ordered=False)
 
 
 def bulk_write(collection: Any, operations: list[Any], *, ordered: bool = True) -> None:
@@ -153,6 +184,9 @@ class FerretDBOnSQLite:
     def bulk_write(self, collection: Any, operations: list[Any], *, ordered: bool = True) -> None:
         bulk_write(collection, operations, ordered=ordered)
 
+    def insert_absent(self, collection: Any, documents: list[dict[str, Any]]) -> None:
+        insert_absent(collection, documents, BULK_LIMIT)
+
 
 class PlainMongoDB:
     """For MongoDB itself (and any server that answers a bulk write as it does): guarded writes, one bulk.
@@ -190,6 +224,9 @@ class PlainMongoDB:
     def bulk_write(self, collection: Any, operations: list[Any], *, ordered: bool = True) -> None:
         if operations:
             collection.bulk_write(operations, ordered=ordered)  # pymongo splits what exceeds the server's limits
+
+    def insert_absent(self, collection: Any, documents: list[dict[str, Any]]) -> None:
+        insert_absent(collection, documents, None)
 
 
 def older_than(write: Write) -> dict[str, Any]:

@@ -118,7 +118,7 @@ class MongoSink(WindowSink):
 
 class HistorySink(WindowSink):
     """Every event as a document of its own (a history, not a view): see `history_document`. The document
-    id is the change's position, so a replayed window writes the same documents again instead of new ones."""
+    id is the change's position, so a replayed window finds its documents written and adds nothing."""
 
     failpoint, failpoint_error = "mongo.write", AutoReconnect
 
@@ -128,10 +128,8 @@ class HistorySink(WindowSink):
         self.collection = self.client[database][collection]
 
     def flush(self, events: list[ChangeEvent]) -> None:
-        from pymongo import ReplaceOne
-
-        writes = [ReplaceOne({"_id": id_}, doc, upsert=True) for id_, doc in map(history_document, events)]
-        detect(self.client).bulk_write(self.collection, writes, ordered=True)  # FerretDB v1: in bulks it can take
+        documents = [{"_id": id_, **doc} for id_, doc in map(history_document, events)]
+        detect(self.client).insert_absent(self.collection, documents)
 
     def close(self) -> None:
         self.client.close()
