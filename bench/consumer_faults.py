@@ -235,6 +235,7 @@ class Outcome:
     lost: int = 0  # keys whose latest value the sink does not hold (or changes a history or topic lacks)
     scn_backwards: int = 0
     checkpoint_ahead: int = 0
+    behind: list[str] = field(default_factory=list)  # the first keys a checkpoint was ahead of, for a reader
     replayed_windows: int = 0
     seconds: float = 0.0
     log_tail: str = ""
@@ -310,15 +311,21 @@ class Harness:
     def _view(self, database: str, collection: str) -> dict[str, dict[str, Any]]:
         return {str(d["_id"]): d for d in self.mongo[database][collection].find()}
 
-    def _behind(self, view: dict[str, dict[str, Any]], workload: Workload, before: dict[int, int]) -> int:
-        """Keys whose last change before the checkpoints `before` the view does not reflect."""
-        behind = 0
+    @staticmethod
+    def _behind(view: dict[str, dict[str, Any]], workload: Workload, before: dict[int, int]) -> list[str]:
+        """Keys whose last change before the checkpoints `before` the view reflects neither that change nor
+        a later one. The sink runs ahead of its checkpoint by the windows applied since the last write
+        (at-least-once): a key deleted after the checkpoint is absent from a view that is not behind."""
+        behind = []
         for key, change in workload.latest(before).items():
             doc = view.get(key)
-            if change.op == "d":
-                behind += doc is not None and int(doc["_scn"]) <= change.scn
+            if doc is not None:
+                stale = int(doc["_scn"]) < change.scn or (change.op == "d" and int(doc["_scn"]) == change.scn)
             else:
-                behind += doc is None or int(doc["_scn"]) < change.scn
+                later = (c for c in workload.changes if c.key == key and c.scn > change.scn)
+                stale = change.op != "d" and not any(c.op == "d" for c in later)
+            if stale:
+                behind.append(f"{key}: {change.op}@{change.scn}, view {doc and doc['_scn']}")
         return behind
 
     @staticmethod
@@ -410,7 +417,9 @@ class Harness:
                 if "mongodb" in case.sinks:
                     half.join()
                     before = self._checkpoint_offsets(config["name"], unique)
-                    outcome.checkpoint_ahead += self._behind(self._view(unique, "mongodb"), workload, before)
+                    behind = self._behind(self._view(unique, "mongodb"), workload, before)
+                    outcome.checkpoint_ahead += len(behind)
+                    outcome.behind.extend(behind[:10])
                 if not killed or outcome.restarts > case.restarts:
                     half.join()  # it ended by itself, or died once too often: a finding, not papered over
                     return
