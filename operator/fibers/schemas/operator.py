@@ -51,11 +51,16 @@ class SchemaOperator:
         self._registries: dict[str, dict[str, Any]] = {}  # name → the SchemaRegistry's body, from its watch
         self._due: dict[str, float] = {}  # name → monotonic time of its next probe
         self._wake = asyncio.Event()
+        self._making = asyncio.Lock()
 
     async def client(self, registry: RegistrySpec) -> RegistryClient:
         """The registry's client, with its credentials read when it is first used or its spec changed.
 
         Raises CredentialsUnavailable when a Secret it names cannot be read (or may not be)."""
+        async with self._making:  # one client per registry, even when a probe and a Schema ask at once
+            return await self._client(registry)
+
+    async def _client(self, registry: RegistrySpec) -> RegistryClient:
         kept = self._clients.get(registry.name)
         if kept is not None and kept[0] == registry:
             return kept[1]
