@@ -155,7 +155,7 @@ def up() -> StackInfo:
     running = current()
     if running and running.pids and not running.dead() and set(STOP_ORDER) <= set(running.pids):
         log.info("stack already running", extra={"run_dir": running.run_dir})
-        return running
+        return _with_current_images(running)
     if running:
         # Stopped, half dead, or started by an earlier version without a component this one has.
         down()
@@ -230,6 +230,26 @@ def _start_kubernetes(launcher: Launcher, built: images.Images) -> dict[str, str
     finally:
         api.close()
     return endpoints
+
+
+def _with_current_images(running: StackInfo) -> StackInfo:
+    """A running stack takes the images of the code as it is now.
+
+    An edit under operator/ since the stack started is a new image tag. Without this, pods of a reused stack
+    ran the old code, and an image built FROM the job image (`user_image`) failed: building the new tag had
+    removed the old one's archive. The new images are imported next to the old ones, which pods started
+    earlier (the Spark Operator, an installed chart) may still use; the next fresh start drops them.
+    """
+    built = images.build_all()
+    if built.refs() == running.images:
+        return running
+    socket = str(node.containerd_socket(Path(running.run_dir)))
+    for ref in built.refs().values():
+        images.import_one(socket, ref)
+    updated = StackInfo(**{**asdict(running), "images": built.refs()})
+    _save(updated)
+    log.info("the running stack took the current images", extra={"images": built.refs()})
+    return updated
 
 
 def _start_runtime(launcher: Launcher, built: images.Images) -> None:

@@ -16,7 +16,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
-from fibers_stack import StackInfo, audit
+from fibers_stack import StackInfo, audit, images, node
 from tests.helpers import avro_converter, drop_slot, read_topic, wait_for
 
 pytestmark = pytest.mark.smoke
@@ -377,3 +377,12 @@ def test_a_pod_resolves_cluster_names_reaches_the_api_and_nothing_outside(
         assert result == {"api": "10.0.0.1", "external": "no such name", "version": "v1.35.4", "kafka": "reached"}
     finally:
         core.delete_namespaced_pod(unique, "default", grace_period_seconds=0)
+
+
+def test_the_node_runs_the_images_of_the_code_as_it_is(stack_info: StackInfo) -> None:
+    """A reused stack (`FIBERS_STACK_REUSE=1`, or one left running) takes the images of the current code: pods
+    of a stack started before an edit ran the old code, and images built FROM the job image failed."""
+    built = images.build_all().refs()
+    assert stack_info.images == built
+    listed = node.ctr(Path(stack_info.run_dir), "images", "ls", "-q").stdout
+    assert set(built.values()) <= set(listed.split())

@@ -455,6 +455,7 @@ def test_main_prints_the_result_and_survives_an_unreachable_cluster(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    report.kube_api.cache_clear()  # a client another test of this process made would reach its cluster
     write_json_lines(tmp_path / "in", ORDERS)
     code, out, err = run_main(spec_dict(tmp_path, resultConfigMap="orders-report-1a2b3c4d-result"), capsys)
 
