@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from fibers.kube import SecretMissing, describe
+
 SETTING = "credentialNamespaces"  # the chart value that lists the namespaces besides the operator's own
 
 
@@ -103,3 +105,11 @@ async def resolve(auth: HttpAuth, secrets: SecretReader, allowed: frozenset[str]
     elif auth.ca:
         tls = ssl.create_default_context(cadata=await value(auth.ca))
     return Resolved(headers, tls, masked)
+
+
+def problem(exc: Exception) -> str:
+    """What to say on the object of a `resolve` that failed: a Secret missing, refused or not PEM as such;
+    anything else (forbidden, the API server busy) as a Secret that could not be read, to be read again."""
+    if isinstance(exc, (SecretMissing, ValueError, ssl.SSLError)):
+        return str(exc)
+    return f"cannot read a Secret: {describe(exc)}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_tim
 from fibers.connect.clusters import KIND, PLURAL, ClusterSpec, parse_cluster
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
-from fibers.kube import Kube, SecretMissing, describe
+from fibers.kube import Kube, describe
 from fibers.redact import redact
 from fibers.wake import sleep_until_woken
 
@@ -143,11 +142,8 @@ class ConnectClusters:
         spec = known.spec
         try:
             found = await credentials.resolve(spec.auth, self.kube, self.settings.secret_namespaces, KIND)
-        except (SecretMissing, ValueError, ssl.SSLError) as exc:
-            known.problem = str(exc)
-            return
-        except Exception as exc:  # forbidden, API server busy: reported, and read again
-            known.problem = f"cannot read a Secret: {describe(exc)}"
+        except Exception as exc:  # reported, and read again
+            known.problem = credentials.problem(exc)
             return
         known.problem, known.secrets = "", found.secrets
         known.client = ConnectClient(

@@ -20,7 +20,7 @@ MODES = ("batch", "streaming")
 SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
 DEFAULT_TRIGGER_SECONDS = 2.0
 _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_TRANSFORM = "fibers.dev/transform"  # on the result ConfigMap a run's driver writes
+LABEL_TRANSFORM = "fibers.dev/transform"  # on a run's SparkApplication and the result ConfigMap its driver writes
 
 
 def result_config_map(run: str) -> str:

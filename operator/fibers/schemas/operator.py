@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -14,7 +13,8 @@ from typing import Any
 from fibers import conditions, credentials
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, Condition, format_time, utcnow
-from fibers.kube import Kube, SecretMissing, describe
+from fibers.kube import Kube, describe
+from fibers.registries import KIND as REGISTRY_KIND
 from fibers.schemas import reconcile
 from fibers.schemas.ccompat import RegistryClient, RegistryError, RegistryUnreachable
 from fibers.schemas.reconcile import Outcome, SchemaSettings
@@ -34,7 +34,6 @@ from fibers.schemas.spec import (
 from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.schemas")
-REGISTRY_KIND = "SchemaRegistry"
 
 
 class CredentialsUnavailable(Exception):
@@ -66,12 +65,8 @@ class SchemaOperator:
             return kept[1]
         try:
             found = await credentials.resolve(registry.auth, self.kube, self.settings.secret_namespaces, REGISTRY_KIND)
-        except (SecretMissing, ValueError, ssl.SSLError) as exc:
-            raise CredentialsUnavailable(f"SchemaRegistry {registry.name}: {exc}") from None
-        except Exception as exc:  # forbidden, API server busy: reported, and read again
-            raise CredentialsUnavailable(
-                f"SchemaRegistry {registry.name}: cannot read a Secret: {describe(exc)}"
-            ) from None
+        except Exception as exc:  # reported, and read again
+            raise CredentialsUnavailable(f"{REGISTRY_KIND} {registry.name}: {credentials.problem(exc)}") from None
         if kept is not None:
             await kept[1].aclose()
         made = RegistryClient(registry.url, headers=found.headers, tls=found.tls, secrets=found.secrets)

@@ -12,7 +12,7 @@ from typing import Any
 
 from fibers import termination
 from fibers.jobs.progress import METRICS_PORT_ENV
-from fibers.jobs.spec import result_config_map, written_for
+from fibers.jobs.spec import LABEL_TRANSFORM, result_config_map, written_for
 from fibers.kube import Kube, adopt
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
@@ -21,7 +21,6 @@ from fibers.watches import Child
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 API = f"{GROUP}/{VERSION}"
-LABEL_TRANSFORM = "fibers.dev/transform"
 CHILDREN = (Child(API, PLURAL, LABEL_TRANSFORM),)  # watched: a run's change brings its Transform back
 LABEL_TRIGGER = "fibers.dev/trigger"
 JOB_ENTRY = "local:///opt/fibers/transform_job.py"  # the job image's shim for `python -m fibers.jobs.transform`
