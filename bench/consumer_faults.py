@@ -53,6 +53,7 @@ KEYS = 40
 # FerretDB (SQLite) a few seconds, and a timeout below that fails every replay.
 CALLBACK_TIMEOUT = 10.0
 SETTLE_SECONDS = 90.0  # the most a case waits for the sink to equal the source after its fault
+READY_AGAIN_SECONDS = 15.0  # the most a pod may take to pass its readiness probe again after an outage
 START_WAIT_SECONDS = 60.0  # the most a case waits for its consumer to start reading before the second half
 PACE_SECONDS = 0.01  # between the second half's transactions: many small batches, so the Nth hit of a point comes
 
@@ -66,6 +67,9 @@ class Case:
     sinks: tuple[str, ...] = ("mongodb",)
     restarts: int = 0  # processes the fault ends (a kill): each is started again, without the fault
     bootstrap: bool = False  # the consumer starts from a bootstrap store another consumer fills
+    # The fault is an outage long enough that the pod turns NotReady (it waits for the API server) and,
+    # once it ends, Ready again, with no restart.
+    unready: bool = False
 
     @property
     def transient(self) -> bool:
@@ -83,7 +87,8 @@ SUITE = (
     Case("kafka.produce error", "kafka.produce=1+2*error", sinks=("kafka",)),
     Case("mongo.write error", "mongo.write=1+2*error", sinks=("mongodb", "kafka")),
     Case("mongo.write.done kill", "mongo.write.done=2+1*kill", restarts=1),
-    Case("checkpoint.write error", "checkpoint.write=3+4*error"),
+    # About 25 s without checkpoint writes (the store's backoff: 0.5, 1, 2, 4, 8, 10 s).
+    Case("checkpoint.write outage", "checkpoint.write=3+6*error", unready=True),
     Case("checkpoint.read error", "checkpoint.read=0+3*error"),
     Case("lease.renew error", "lease.renew=1+4*error"),
     Case("callback hang", f"callback=0+1*hang({CALLBACK_TIMEOUT + 2:g})", sinks=("history",)),
@@ -93,6 +98,7 @@ SUITE = (
 # The benchmark's matrix: every boundary with every fault that means something there.
 MATRIX = (
     *SUITE,
+    Case("checkpoint.write error", "checkpoint.write=3+4*error"),
     Case("kafka.poll sleep", "kafka.poll=2+3*sleep(2)"),
     Case("kafka.poll kill", "kafka.poll=5+1*kill", restarts=1),
     Case("kafka.produce sleep", "kafka.produce=1+2*sleep(2)", sinks=("kafka",)),
@@ -237,6 +243,8 @@ class Outcome:
     checkpoint_ahead: int = 0
     behind: list[str] = field(default_factory=list)  # the first keys a checkpoint was ahead of, for a reader
     replayed_windows: int = 0
+    unready_seen: bool = False  # a pod of the consumer was seen running and not ready
+    ready_at_end: bool = False  # the last pod was ready when it was stopped
     seconds: float = 0.0
     log_tail: str = ""
 
@@ -425,12 +433,25 @@ class Harness:
                     return
                 outcome.restarts += 1
                 pod = self._start(config, pods)
+            outcome.unready_seen = outcome.unready_seen or (pod.running() and not pod.ready())
             fired = sum(p.log().count("failpoint fired") for p in pods)
-            if not half.is_alive() and fired >= case.firings and self._lost(case, unique, workload) == 0:
+            settled = not half.is_alive() and fired >= case.firings and self._lost(case, unique, workload) == 0
+            if settled and (not case.unready or self._ready_again(pod)):
                 break
             time.sleep(0.5)
         half.join()
+        outcome.ready_at_end = pod.ready()
         outcome.exits.append(pod.stop())
+
+    @staticmethod
+    def _ready_again(pod: ConsumerPod) -> bool:
+        """Ready within a probe period or two of the outage's end (the probe runs every 5 s)."""
+        deadline = time.monotonic() + READY_AGAIN_SECONDS
+        while time.monotonic() < deadline:
+            if pod.ready():
+                return True
+            time.sleep(0.5)
+        return False
 
     def _wait_store(self, unique: str, workload: Workload) -> None:
         applier = self.mongo[unique][f"applier_{collection_suffix(unique)}"]
@@ -541,6 +562,8 @@ def verdict(case: Case, outcome: Outcome) -> list[str]:
         broken.append(f"the fault fired {outcome.fired} of {case.firings} times")
     if outcome.restarts != case.restarts:
         broken.append(f"restarts={outcome.restarts} (expected {case.restarts})")
+    if case.unready and not (outcome.unready_seen and outcome.ready_at_end):
+        broken.append(f"readiness: NotReady seen {outcome.unready_seen}, Ready at the end {outcome.ready_at_end}")
     if any(code not in (None, 0) for code in outcome.exits):  # a crash, an error exit, or a hang on SIGTERM
         broken.append(f"exit codes {outcome.exits}")
     return broken

@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.stream import stream
 
+from fibers.databus.workload import METRICS_PORT, READINESS_PROBE
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
 
 KILLED = 137  # a container whose process was SIGKILLed, as tini reports it
@@ -45,7 +46,9 @@ class ConsumerPod:
             "name": "consumer",
             "image": image,
             "imagePullPolicy": "Never",
-            "args": ["consume", "--config", json.dumps(config)],
+            "args": ["consume", "--config", json.dumps(config), "--metrics-port", str(METRICS_PORT)],
+            "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+            "readinessProbe": READINESS_PROBE,
             "env": [{"name": k, "value": v} for k, v in env.items()],
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
             "securityContext": {
@@ -83,6 +86,11 @@ class ConsumerPod:
 
     def running(self) -> bool:
         return bool(self._state().get("running"))
+
+    def ready(self) -> bool:
+        """Its readiness probe passes (the consumer is not held up waiting for the API server)."""
+        statuses = self.core.read_namespaced_pod(self.name, self.namespace).status.container_statuses or []
+        return bool(statuses) and bool(statuses[0].ready)
 
     def wait_running(self) -> None:
         deadline = time.monotonic() + START_SECONDS

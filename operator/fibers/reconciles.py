@@ -86,7 +86,7 @@ class Reconciles:
         self._due: dict[Key, float] = {}
         self._known: set[Key] = set()  # handed over by kopf, not forgotten since
         self._ready: asyncio.Queue[Key] = asyncio.Queue()
-        self._running: set[Key] = set()
+        self._running: dict[Key, asyncio.Event] = {}  # each reconcile running now, and the event set as it ends
         self._again: set[Key] = set()  # came due while running: looked at once more when it ends
         self._failures: dict[Key, int] = {}
         self._started: dict[Key, float] = {}  # when each known resource's last reconcile started
@@ -140,6 +140,14 @@ class Reconciles:
         self._logged.ended(key)
         self.dependents.forget(key)
 
+    async def retire(self, kind: str, namespace: str, name: str) -> None:
+        """A resource being deleted: forgotten, and back once no reconcile of it runs. What the caller then
+        undoes (its series, what was said of it) stays undone: a reconcile that read the resource just
+        before the delete has finished by then, and none starts after (the resource reads as deleted)."""
+        self.forget(kind, namespace, name)
+        if ended := self._running.get((kind, namespace, name)):
+            await ended.wait()
+
     def due(self, kind: str, namespace: str, name: str) -> float | None:
         """When the resource is due next (Unix time), if at all."""
         return self._due.get((kind, namespace, name))
@@ -176,13 +184,13 @@ class Reconciles:
             if key in self._running:
                 self._again.add(key)
                 continue
-            self._running.add(key)
+            self._running[key] = asyncio.Event()
             if key in self._known:
                 self._started[key] = time.time()
             try:
                 await self._one(key)
             finally:
-                self._running.discard(key)
+                self._running.pop(key).set()
                 self.done += 1
             if key in self._again:
                 self._again.discard(key)

@@ -715,6 +715,40 @@ def test_a_consumer_that_exits_says_why_on_the_resource(
     assert container.termination_message_policy == "FallbackToLogsOnError"
 
 
+def test_an_instance_the_api_server_does_not_answer_waits_unready_and_the_consumer_says_why(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
+) -> None:
+    """Checkpoint writes refused for about 25 s (a failpoint in the pod, as an API server restart or
+    priority-and-fairness throttling would refuse them): the pod turns NotReady and is not restarted, the
+    consumer's condition says the instance waits for the API server, and it consumes again afterwards."""
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # held: its futures die with it
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    produce(stack_info.kafka_bootstrap, unique, [{"id": i} for i in range(3)], key="id")
+    consumers.create(unique, {"sources": [unique], "sink": {"type": "log"}, "startPosition": "earliest"})
+    consumers.wait_status(unique, lambda s: s.get("eventsProcessed") == 3, timeout=180, what="the first records")
+    # The pod template edited by hand, as one would to debug (the operator keeps what it did not render):
+    # every checkpoint write after the claim fails six times, through the store's whole backoff.
+    failing = [{"name": "consumer", "env": [{"name": "FIBERS_FAILPOINTS", "value": "checkpoint.write=1+6*error"}]}]
+    client.AppsV1Api(kube).patch_namespaced_stateful_set(
+        unique, namespace, {"spec": {"template": {"spec": {"containers": failing}}}}
+    )
+
+    def faulty_pod() -> client.V1Pod | None:
+        pod = consumer_pod(kube, namespace, unique)
+        env = {e.name for e in pod.spec.containers[0].env or []} if pod else set()
+        return pod if "FIBERS_FAILPOINTS" in env else None
+
+    pod = wait_for(faulty_pod, timeout=180, what="the pod with the failpoint ready")
+    produce(stack_info.kafka_bootstrap, unique, [{"id": i} for i in range(3, 6)], key="id")
+    cond = consumers.wait_condition(unique, "False", "InstancesWaiting", timeout=90)
+    assert f"{pod.metadata.name}: waiting for the API server to take its checkpoints since" in cond["message"], cond
+    consumers.wait_condition(unique, "True", "Consuming", timeout=120)
+    consumers.wait_status(unique, lambda s: s.get("eventsProcessed") == 6, timeout=60, what="every record")
+    again = consumer_pod(kube, namespace, unique)
+    assert again is not None and again.metadata.uid == pod.metadata.uid
+    assert again.status.container_statuses[0].restart_count == 0
+
+
 def test_an_undecodable_record_stops_a_pod_without_a_crash_loop_and_skip_goes_past_it(
     consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
 ) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 import time
+import urllib.error
+import urllib.request
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -94,3 +98,33 @@ def test_two_runtimes_in_one_process_keep_their_own_series() -> None:
         ("fibers_consumer_events_total", frozenset({("name", "a")}))
     ]
     assert any(k[0] == "fibers_consumer_events_total" for k in samples(b))
+
+
+def test_ready_until_the_api_server_has_not_taken_checkpoints_for_a_while_and_metrics_still_served() -> None:
+    base = Snapshot(
+        events=0, mode="ONLINE_CONSUMPTION", sinks=[], timelines=[], checkpoint_writes=0, rollbacks={}, attempt=0
+    )
+    current = [base]
+    telemetry = Telemetry("orders-view", lambda: current[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry.serve(port)
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert get("/ready") == (200, "ready")
+    current[0] = dataclasses.replace(base, api_waiting_since=time.time() - 1)  # a moment's wait: still ready
+    assert get("/ready")[0] == 200
+    since = time.time() - 30
+    current[0] = dataclasses.replace(base, api_waiting_since=since)
+    status, text = get("/ready")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+    assert (status, text) == (503, f"waiting for the API server to take its checkpoints since {stamp}")
+    status, text = get("/metrics")
+    assert status == 200 and "fibers_consumer_api_waiting_seconds" in text

@@ -131,6 +131,39 @@ def test_a_failing_reconcile_is_retried_with_backoff_and_a_gone_resource_is_forg
     asyncio.run(body())
 
 
+def test_a_deleted_resource_is_retired_only_after_the_reconcile_running_for_it_has_ended() -> None:
+    """The delete handler drops a resource's series after `retire`: a reconcile that read the resource just
+    before the delete must not set them again once they are gone (a series served for a deleted consumer)."""
+    series: set[str] = set()
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def reconcile(namespace: str, name: str) -> Again | None:
+        inside.set()
+        await release.wait()
+        series.add(name)  # what a reconcile publishes as it ends (metrics, remembered messages)
+        return Again()
+
+    async def body() -> None:
+        queue = Reconciles(FAST)
+        queue.register("DatabusConsumer", reconcile)
+        queue.soon("DatabusConsumer", "ns", "c")
+
+        async def deleted() -> None:
+            await inside.wait()
+            retired = asyncio.create_task(queue.retire("DatabusConsumer", "ns", "c"))
+            await asyncio.sleep(0.05)
+            assert not retired.done()  # still running: retiring waits for it
+            release.set()
+            await retired
+            series.discard("c")  # the handler's forget_consumer
+            await asyncio.sleep(0.05)
+            assert series == set() and queue.due("DatabusConsumer", "ns", "c") is None
+
+        await _running(queue, deleted)
+
+    asyncio.run(body())
+
+
 def test_a_resource_waiting_for_something_without_events_is_looked_at_again() -> None:
     async def body() -> None:
         queue = Reconciles(Pacing(waiting=30, resync=600, resync_jitter=0))

@@ -32,7 +32,7 @@ async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The StatefulSet and the Leases go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     reconciles: Reconciles = memo.reconciles
-    reconciles.forget(KIND, namespace, name)
+    await reconciles.retire(KIND, namespace, name)  # a reconcile in flight sets no series after this
     metrics.forget_consumer(namespace, name)
     reconciler: DatabusReconciler = memo.databus
     reconciler.forget(namespace, name)

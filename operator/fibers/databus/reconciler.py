@@ -15,7 +15,7 @@ from typing import Any
 from fibers import conditions, metrics, podpolicy, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
-from fibers.databus import owners, stats, workload
+from fibers.databus import instances, owners, stats, workload
 from fibers.databus.checkpoint import CheckpointError, Checkpoints, progressed
 from fibers.databus.checkpoint_store import STOPPED_ANNOTATION
 from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
@@ -306,10 +306,14 @@ class DatabusReconciler:
         new["readyInstances"] = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
         cm_annotations = (cm or {}).get("metadata", {}).get("annotations") or {}
         stopped = stopped_instances(cm_annotations, int(spec.get("instances", 1)))
-        failure = stopped or await self._pod_failure(namespace, name)
+        pods = await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
+        failure = stopped or instances.exit_message(pods)
+        unready = ""
+        if sts and not failure and new["readyInstances"] < int(spec.get("instances", 1)):
+            unready = await instances.unready_reasons(pods, sts["metadata"]["uid"])
 
         conds, phase = _conditions(
-            spec, new, problem, invalid, failure, waiting, halted=bool(stopped), conflict=conflict
+            spec, new, problem, invalid, failure, waiting, halted=bool(stopped), conflict=conflict, unready=unready
         )
         conds = [*conditions.with_upstream_note(conds, health), health]
         new["phase"] = phase
@@ -327,20 +331,6 @@ class DatabusReconciler:
             if (namespace, name, what) not in self._skipped:
                 self._skipped.add((namespace, name, what))
                 log.warning("instance figures ignored: %s", what, extra={"namespace": namespace, "resource": name})
-
-    async def _pod_failure(self, namespace: str, name: str) -> str:
-        """The last error an instance exited with, while it is not running again."""
-        pods = await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
-        for pod in pods:
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                if cs.get("ready"):
-                    continue
-                terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-                if terminated and terminated.get("exitCode"):
-                    # The consumer's termination message (or, with FallbackToLogsOnError, its log's tail).
-                    message = (terminated.get("message") or "").strip() or f"exited with code {terminated['exitCode']}"
-                    return truncate(redact(message, ()), 1024)
-        return ""
 
 
 def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints) -> None:
@@ -376,6 +366,7 @@ def _conditions(
     *,
     halted: bool = False,
     conflict: str = "",
+    unready: str = "",
 ) -> tuple[list[Condition], str]:
     def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
         return [
@@ -398,14 +389,16 @@ def _conditions(
         reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
         verb = "stopped and waits to be replaced" if halted else "exited"
         return cond(False, True, False, reason, f"an instance {verb}: {failure}"), "Failed"
-    instances = int(spec.get("instances", 1))
+    wanted = int(spec.get("instances", 1))
+    if unready:  # running, but held up (the API server does not take its checkpoints): it says why
+        return cond(
+            False, True, False, "InstancesWaiting", f"{status['readyInstances']}/{wanted} instances ready; {unready}"
+        ), "Pending"
     mode = status.get("consumptionMode", "INIT")
     if mode.startswith("BOOTSTRAP"):
         return cond(False, True, False, "Bootstrapping", f"bootstrapping ({mode})"), "Bootstrapping"
-    if status["readyInstances"] < instances:
-        return cond(
-            False, True, False, "Starting", f"{status['readyInstances']}/{instances} instances ready"
-        ), "Pending"
+    if status["readyInstances"] < wanted:
+        return cond(False, True, False, "Starting", f"{status['readyInstances']}/{wanted} instances ready"), "Pending"
     if "consumptionMode" not in status:  # nothing consumed yet (a quiet source), or not checkpointed yet
-        return cond(True, False, False, "Consuming", f"{instances} instance(s) running; no checkpoint yet"), "Running"
-    return cond(True, False, False, "Consuming", f"{instances} instance(s) consuming online"), "Running"
+        return cond(True, False, False, "Consuming", f"{wanted} instance(s) running; no checkpoint yet"), "Running"
+    return cond(True, False, False, "Consuming", f"{wanted} instance(s) consuming online"), "Running"

@@ -13,15 +13,22 @@ target, so the operator's series and the pods' join on (namespace, name).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fibers.databus.tuning import API_WAIT_UNREADY_SECONDS
+
 MODES = ("INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION")
+_UTC = "%Y-%m-%dT%H:%M:%SZ"
 _CALLBACK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -153,6 +160,7 @@ class Telemetry:
         )
         self._latency = self.window_latency.labels(name)
         self.registry.register(ConsumerCollector(name, snapshot))
+        self._snapshot = snapshot
 
     def sink_timer(self, sink: str) -> Callable[[float], None]:
         """`observe` of one sink's callback histogram, looked up once rather than per batch."""
@@ -166,5 +174,33 @@ class Telemetry:
                 self._latency.observe(max(now_ms - ts_ms, 0.0) / 1000)
 
     def serve(self, port: int) -> None:
-        """`/metrics` on this port, from a daemon thread (the pod's container port `metrics`)."""
-        start_http_server(port, registry=self.registry)
+        """`/metrics` and `/ready` on this port, from a daemon thread (the pod's container port `metrics`)."""
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != "/ready":
+                return metrics(environ, start_response)  # type: ignore[no-any-return]
+            problem = unready(self._snapshot(), time.time())
+            start_response("503 Service Unavailable" if problem else "200 OK", [("Content-Type", "text/plain")])
+            return [(problem or "ready").encode()]
+
+        server = make_server("", port, app, _ThreadingServer, _Quiet)
+        threading.Thread(target=server.serve_forever, name="telemetry", daemon=True).start()
+
+
+def unready(snapshot: Snapshot, now: float) -> str:
+    """Why the instance is not ready ("": it is): the API server has not taken its checkpoints for a while.
+    Said with the time it began rather than a duration, so the condition the operator makes of it stays put."""
+    since = snapshot.api_waiting_since
+    if since is not None and now - since >= API_WAIT_UNREADY_SECONDS:
+        return f"waiting for the API server to take its checkpoints since {time.strftime(_UTC, time.gmtime(since))}"
+    return ""
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a probe every few seconds is no news
+        pass

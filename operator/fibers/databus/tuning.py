@@ -83,6 +83,15 @@ LEASE_RENEW_DEADLINE_SECONDS: Final = 6.0
 # checkpoint (the pod's 30 s grace must cover it and the Lease releases).
 API_RETRY_BASE_SECONDS: Final = 0.5
 API_RETRY_CAP_SECONDS: Final = 10.0
+# An instance waiting this long for the API server to take its checkpoints answers its readiness probe with 503
+# ("waiting for the API server for N s"): the pod turns NotReady, its consumer's readyInstances falls, and
+# `kubectl get pods` shows it, while the status it cannot write says nothing.
+API_WAIT_UNREADY_SECONDS: Final = 5.0
+# How long the operator waits for a not-ready instance's own answer to /ready (the reason it shows in the
+# consumer's condition), and how much of it it reads: an instance that does not answer in time (a
+# NetworkPolicy between them, a stalled pod) is counted as not ready without a reason.
+READY_ASK_TIMEOUT_SECONDS: Final = 2.0
+READY_ANSWER_BYTES: Final = 512
 API_WAIT_NOTICE_SECONDS: Final = 5.0
 API_SHUTDOWN_WAIT_SECONDS: Final = 10.0
 

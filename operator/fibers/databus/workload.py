@@ -32,6 +32,13 @@ CHILDREN = (
 )
 # The consumer container's `/metrics` (port name `metrics`, what the chart's PodMonitor scrapes).
 METRICS_PORT = 9404
+# NotReady while the API server does not take the instance's checkpoints (`telemetry.unready`): one failed
+# probe, since the instance only answers 503 after waiting API_WAIT_UNREADY_SECONDS already.
+READINESS_PROBE: dict[str, Any] = {
+    "httpGet": {"path": "/ready", "port": "metrics"},
+    "periodSeconds": 5,
+    "failureThreshold": 1,
+}
 SINK_URI_ENV, STORE_URI_ENV = "FIBERS_SINK_MONGODB_URI", "FIBERS_BOOTSTRAP_MONGODB_URI"
 
 
@@ -170,6 +177,7 @@ def statefulset(
                 "imagePullPolicy": image_pull_policy,
                 "args": ["consume", "--metrics-port", str(METRICS_PORT)],  # after the entry point (tini, `fibers`)
                 "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+                "readinessProbe": READINESS_PROBE,
                 "terminationMessagePolicy": termination.POLICY,
                 "env": env,
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},

@@ -40,6 +40,6 @@ async def transform_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     reconciles: Reconciles = memo.reconciles
     if event.get("type") == "DELETED":
-        reconciles.forget(KIND, namespace, name)
+        await reconciles.retire(KIND, namespace, name)  # a reconcile in flight sets no series after this
         metrics.forget_transform(namespace, name)
     reconciles.changed(KIND, namespace, name)

@@ -1,0 +1,70 @@
+"""What a consumer's instances say of themselves, read by the operator for the consumer's condition.
+
+An instance that exits leaves its error as the container's termination message. One that runs but cannot
+get on (the API server does not take its checkpoints) answers its readiness probe with 503 and the reason
+(`telemetry.unready`): the kubelet keeps only the status code, so the operator asks the pod itself, and
+only the pods of the consumer's own StatefulSet (a pod merely labelled as one is never asked).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from fibers.databus.tuning import READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS
+from fibers.databus.workload import METRICS_PORT
+from fibers.redact import redact, truncate
+
+MESSAGE_CHARS = 1024  # of an instance's message kept in the condition
+
+
+def exit_message(pods: list[dict[str, Any]]) -> str:
+    """The last error an instance exited with, while it is not running again ("": none)."""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("ready"):
+                continue
+            terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if terminated and terminated.get("exitCode"):
+                # The consumer's termination message (or, with FallbackToLogsOnError, its log's tail).
+                message = (terminated.get("message") or "").strip() or f"exited with code {terminated['exitCode']}"
+                return truncate(redact(message, ()), MESSAGE_CHARS)
+    return ""
+
+
+def _running_unready(pod: dict[str, Any], owner_uid: str) -> str:
+    """The pod's IP when it is one of the StatefulSet's, running and not ready ("" otherwise)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or [])
+    statuses = status.get("containerStatuses") or []
+    running = bool(statuses) and all((cs.get("state") or {}).get("running") for cs in statuses)
+    if not owned or meta.get("deletionTimestamp") or not running or all(cs.get("ready") for cs in statuses):
+        return ""
+    return str(status.get("podIP") or "")
+
+
+async def _ask(client: httpx.AsyncClient, ip: str, port: int) -> str:
+    """The instance's answer to /ready when it says it is not ready ("" when ready or silent)."""
+    try:
+        async with client.stream("GET", f"http://{ip}:{port}/ready") as reply:
+            if reply.status_code != 503:
+                return ""
+            body = b""
+            async for chunk in reply.aiter_bytes():
+                body += chunk
+                if len(body) >= READY_ANSWER_BYTES:
+                    break
+    except httpx.HTTPError:
+        return ""
+    return body[:READY_ANSWER_BYTES].decode(errors="replace").strip()
+
+
+async def unready_reasons(pods: list[dict[str, Any]], owner_uid: str, port: int = METRICS_PORT) -> str:
+    """Why the StatefulSet's running instances that are not ready say they are not ("": none says)."""
+    reasons: list[str] = []
+    async with httpx.AsyncClient(timeout=READY_ASK_TIMEOUT_SECONDS) as client:
+        for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
+            if (ip := _running_unready(pod, owner_uid)) and (said := await _ask(client, ip, port)):
+                reasons.append(f"{pod['metadata']['name']}: {said}")
+    return truncate(redact("; ".join(reasons), ()), MESSAGE_CHARS)

@@ -1,0 +1,97 @@
+"""What the operator reads of a consumer's instances: exit messages, and a not-ready instance's own reason."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+from fibers.databus import instances
+from fibers.databus.reconciler import _conditions
+from fibers.databus.telemetry import Snapshot, Telemetry
+
+STS_UID = "sts-uid"
+
+
+def pod(name: str, *, ready: bool, owner: str = STS_UID, ip: str = "127.0.0.1", **extra: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "ownerReferences": [{"kind": "StatefulSet", "uid": owner}], **extra},
+        "status": {
+            "podIP": ip,
+            "containerStatuses": [{"name": "consumer", "ready": ready, "state": {"running": {"startedAt": "x"}}}],
+        },
+    }
+
+
+def serving(waiting_since: float | None) -> int:
+    """A consumer's /ready on a free local port, as its pod serves it."""
+    snapshot = Snapshot(
+        events=0,
+        mode="ONLINE_CONSUMPTION",
+        sinks=[],
+        timelines=[],
+        checkpoint_writes=0,
+        rollbacks={},
+        attempt=0,
+        api_waiting_since=waiting_since,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    Telemetry(f"c{port}", lambda: snapshot).serve(port)
+    return port
+
+
+def test_a_not_ready_instance_of_the_statefulset_is_asked_why_and_no_other_pod_is() -> None:
+    port = serving(time.time() - 60)
+    reasons = asyncio.run(
+        instances.unready_reasons(
+            [
+                pod("orders-1", ready=False),
+                pod("orders-0", ready=True),  # ready: not asked
+                pod("impostor", ready=False, owner="another-uid"),  # labelled as an instance, not the StatefulSet's
+                pod("going", ready=False, deletionTimestamp="2026-11-27T00:00:00Z"),
+            ],
+            STS_UID,
+            port,
+        )
+    )
+    assert reasons.startswith("orders-1: waiting for the API server to take its checkpoints since ")
+    assert "impostor" not in reasons and "going" not in reasons
+
+
+def test_an_instance_that_is_ready_or_does_not_answer_gives_no_reason() -> None:
+    port = serving(None)  # answers 200
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = int(s.getsockname()[1])
+    assert asyncio.run(instances.unready_reasons([pod("orders-0", ready=False)], STS_UID, port)) == ""
+    assert asyncio.run(instances.unready_reasons([pod("orders-0", ready=False)], STS_UID, closed)) == ""
+
+
+def test_the_exit_message_of_an_instance_not_running_again_is_kept_and_redacted() -> None:
+    failed = {
+        "metadata": {"name": "orders-0"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "ready": False,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "message": "mongodb://u:secret@db failed"}},
+                }
+            ]
+        },
+    }
+    message = instances.exit_message([failed])
+    assert "secret" not in message and message.endswith("failed")
+    assert instances.exit_message([pod("orders-0", ready=True)]) == ""
+
+
+def test_a_waiting_instance_is_the_consumers_condition() -> None:
+    status = {"readyInstances": 1, "consumptionMode": "ONLINE_CONSUMPTION"}
+    said = "orders-1: waiting for the API server to take its checkpoints since 2026-11-27T02:00:00Z"
+    conds, phase = _conditions({"instances": 2}, status, "", "", "", "", unready=said)
+    assert phase == "Pending"
+    assert (conds[0].status, conds[0].reason) == (False, "InstancesWaiting")
+    assert conds[0].message == f"1/2 instances ready; {said}"
