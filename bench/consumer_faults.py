@@ -43,8 +43,9 @@ from pymongo import MongoClient
 import fibers_stack as stack
 from bench.consumer_pods import KILLED, ConsumerPod
 from fibers import failpoints
-from fibers.databus.checkpoint import Checkpoint, timeline_key
-from fibers.databus.store import collection_suffix
+from fibers.consumer.store import collection_suffix
+from fibers.databus.checkpoint import Checkpoint
+from fibers.databus.timelines import timeline_key
 from fibers_stack import namespaces
 
 PARTITIONS = 2

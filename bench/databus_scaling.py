@@ -38,8 +38,8 @@ import fibers_stack as stack
 from bench.databus_throughput import produce, run_runtime
 from bench.machine import Run, operator_process, say
 from fibers import kubeapi
+from fibers.consumer.ownership import lease_name
 from fibers.databus.checkpoint import Checkpoint
-from fibers.databus.ownership import lease_name
 from fibers_stack import crds, namespaces
 
 NOOP = "bench.databus_throughput:NoopSink"

@@ -12,7 +12,7 @@ In one run it measures:
                      noop_sink_eps of the same round (goal ≥ 0.98);
   mongodb_sink_eps — the runtime writing every event to MongoDB (FerretDB) with the SCN guard;
   plain_loop_same_settings_eps — that loop with the runtime's librdkafka settings as well
-                     (fibers.databus.tuning.KAFKA_CONSUMER): what is left is the runtime's own cost;
+                     (fibers.consumer.tuning.KAFKA_CONSUMER): what is left is the runtime's own cost;
   noop_ratio       — noop_sink_eps / plain_loop_eps (goal ≥ 1.0); noop_ratio_same_parser is
                      the ratio against the loop with the runtime's parser (goal ≥ 0.95), and
                      noop_ratio_same_settings against the loop with its parser and settings;
@@ -46,14 +46,14 @@ from pymongo import MongoClient, ReplaceOne
 import fibers_stack as stack
 from bench.machine import Run, free_port, say
 from fibers import kubeapi
-from fibers.databus import tuning
-from fibers.databus.callbacks import Callback, Result
+from fibers.consumer import tuning
+from fibers.consumer.callbacks import Callback, Result
+from fibers.consumer.events import ChangeEvent, parse_json
+from fibers.consumer.ownership import lease_name
+from fibers.consumer.runtime import Runtime
+from fibers.consumer.sinks import MongoSink
+from fibers.consumer.store import BootstrapStore, bulk_write
 from fibers.databus.config import ConsumerConfig
-from fibers.databus.events import ChangeEvent, parse_json
-from fibers.databus.ownership import lease_name
-from fibers.databus.runtime import Runtime
-from fibers.databus.sinks import MongoSink
-from fibers.databus.store import BootstrapStore, bulk_write
 
 
 def produce(bootstrap: str, topic: str, n: int, keys: int = 10_000) -> None:
@@ -165,7 +165,7 @@ def run_runtime(
         raise RuntimeError("the run ended before its first scrape: produce more events")
     # During consumption, after the first write (the flush at shutdown is not throttled).
     writes = max(runtime.store.writes - 1, 0)
-    runtime.stopping = True
+    runtime.stop()
     thread.join(60)
     if runtime.events_processed < n:
         raise RuntimeError(f"the runtime processed {runtime.events_processed} of {n} events")

@@ -45,11 +45,11 @@ import fibers_stack as stack
 from bench.databus_throughput import remove_state
 from bench.machine import Run, say
 from fibers import kubeapi
-from fibers.databus.callbacks import Result
+from fibers.consumer.callbacks import Result
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.runtime import Runtime
+from fibers.consumer.sinks import MongoSink
 from fibers.databus.config import ConsumerConfig
-from fibers.databus.events import ChangeEvent
-from fibers.databus.runtime import Runtime
-from fibers.databus.sinks import MongoSink
 from tests.helpers import drop_slot
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "01-connect-orders-cdc.yaml"
@@ -189,7 +189,7 @@ def measure(
             while len(sink.written) <= count and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
-            runtime.stopping = True
+            runtime.stop()
             thread.join(30)
             connect.delete(f"/connectors/{table}")
             drop_slot(info.postgres_dsn, table)  # max_replication_slots is small: leave none behind

@@ -1,8 +1,8 @@
 """A DatabusConsumer callback of your own: per-item totals of the orders table, kept in PostgreSQL.
 
-It follows the Databus callback contract (fibers.databus.callbacks.Callback): the consumer hands it
+It follows the Databus callback contract (`fibers.consumer.api`, the consumer's stable surface): the consumer hands it
 windows — one source transaction each — and moves its checkpoint only after the windows' callbacks
-succeeded. It builds on fibers.databus.sinks.WindowSink, which collects complete windows and hands
+succeeded. It builds on WindowSink, which collects complete windows and hands
 them to `flush` once per batch (a rolled-back window never reaches it); `flush` applies them in one
 PostgreSQL transaction and remembers per order the SCN it last applied, so a window replayed after
 a rollback or a restart changes nothing twice.
@@ -27,8 +27,7 @@ from typing import Any
 
 import psycopg
 
-from fibers.databus.events import ChangeEvent
-from fibers.databus.sinks import WindowSink
+from fibers.consumer.api import ChangeEvent, WindowSink
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 

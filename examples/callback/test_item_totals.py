@@ -1,4 +1,4 @@
-"""Tests of the callback without Kafka: fibers.databus.testing feeds it windows as a consumer pod would.
+"""Tests of the callback without Kafka: fibers.consumer.api's Feeder feeds it windows as a consumer pod would.
 
 They need a PostgreSQL: ITEM_TOTALS_TEST_DSN names one (the local stack's is FIBERS_POSTGRES_DSN in
 `fibers-stack env`). Run from this folder:  ITEM_TOTALS_TEST_DSN=... pytest
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from item_totals import ItemTotals
 
-from fibers.databus.testing import Feeder, change
+from fibers.consumer.api import Feeder, change
 
 
 @pytest.fixture

@@ -52,10 +52,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _consume(args: argparse.Namespace) -> int:
     from fibers import termination
-    from fibers.databus import tuning
+    from fibers.consumer import tuning
+    from fibers.consumer.ownership import Members
+    from fibers.consumer.runtime import Runtime
+    from fibers.consumer.stops import UNDECODABLE_EXIT
     from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, ConsumerConfig
-    from fibers.databus.ownership import Members
-    from fibers.databus.runtime import UNDECODABLE_EXIT, Runtime
     from fibers.kubeapi import Api
 
     raw = args.config or os.environ.get("FIBERS_CONSUMER_CONFIG", "")
@@ -66,7 +67,7 @@ def _consume(args: argparse.Namespace) -> int:
         config = ConsumerConfig.from_dict(data).check()
     except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
         message = f"invalid configuration: {type(exc).__name__}: {exc}"
-        logging.getLogger("fibers.databus").error(message)
+        logging.getLogger("fibers.consumer").error(message)
         termination.write(message)
         return 2
     pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV, "")  # in the StatefulSet's pods
@@ -93,7 +94,7 @@ def _consume(args: argparse.Namespace) -> int:
         code = _crashed(exc, config.secrets())
     else:
         code = _halted(api, config, pod, code) if code == UNDECODABLE_EXIT else code
-    if runtime.driver.abandoned_threads:
+    if runtime.sinks.driver.abandoned_threads:
         # A callback thread given up on may still be stuck in a server's call, and Python joins a pool's threads
         # at exit: the process would outlive its stop (to the kubelet's SIGKILL). The runtime has shut down.
         logging.shutdown()
@@ -114,8 +115,8 @@ def _halted(api: Api, config: ConsumerConfig, pod: str | None, code: int) -> int
     if not pod:
         return code
     from fibers import termination
-    from fibers.databus.checkpoint_store import CheckpointStore
-    from fibers.databus.ownership import ordinal_of
+    from fibers.consumer.checkpoint_store import CheckpointStore
+    from fibers.consumer.ownership import ordinal_of
 
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
@@ -127,9 +128,9 @@ def _halted(api: Api, config: ConsumerConfig, pod: str | None, code: int) -> int
     try:
         store.record_stop(termination.last or f"exited with code {code}")
     except Exception as exc:  # the API server never answered: exiting is all that is left
-        logging.getLogger("fibers.databus").error("could not record the stop", extra={"error": str(exc)})
+        logging.getLogger("fibers.consumer").error("could not record the stop", extra={"error": str(exc)})
         return code
-    logging.getLogger("fibers.databus").error("stopped; waiting to be replaced (the resource's condition says why)")
+    logging.getLogger("fibers.consumer").error("stopped; waiting to be replaced (the resource's condition says why)")
     stopped.wait()
     return code
 

@@ -146,8 +146,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     # A resource deleted while its timer is mid-tick keeps its finalizer until kopf sees the timer
-    # end; kopf looks again only after `cancellation_polling` (60 s by default), so one unlucky
-    # `kubectl delete` took a minute. A tick is a few API calls: wait briefly, then re-check each second.
+    # end; kopf looks again only after `cancellation_polling` (60 s by default), so a `kubectl delete`
+    # could wait a minute. A tick is a few API calls: wait briefly, then re-check each second.
     settings.background.instant_exit_timeout = 2.0
     settings.background.cancellation_polling = 1.0
     # kopf would post an Event for every handler run ("Handler … succeeded"): two API writes per

@@ -1,7 +1,7 @@
 """One queue of due reconciles for the kinds that live in the cluster (DatabusConsumer, Transform).
 
-Why not a kopf timer per object: each tick is a few API calls per object, at rest too — 52 requests
-per resource per minute were measured with 3 s and 5 s timers, so a thousand resources would keep the
+Why not a kopf timer per object: each tick is a few API calls per object, at rest too — with 3 s and
+5 s timers that is about 50 requests per resource per minute, so a thousand resources would keep the
 API server busy doing nothing. Here a resource is looked at when something it reads changed (its own
 spec, a child — see `fibers.watches` —, a resource it references), at the time it asked for (a cron
 slot, a submission deadline, a retry while it waits for something that sends no event), and at a
@@ -56,7 +56,7 @@ class Pacing:
     # Every resource is looked at again this long after its last look, whatever happened: a missed
     # event or a lost watch cannot leave a status wrong for longer. Strimzi's full reconciliation is
     # every 120 s, but it reads from caches; ours reads from the API server, and at 600 s its share is
-    # ~0.5 requests per resource per minute (issue 23's budget is 1).
+    # ~0.5 requests per resource per minute (the budget: 1).
     resync: float = 600.0
     resync_jitter: float = 0.1  # ±10 %: resources created together do not come due together
     # Child events bring at most one reconcile of their owner per this long: a consumer checkpointing

@@ -29,10 +29,10 @@ from kubernetes.client import ApiClient
 from prometheus_client.parser import text_string_to_metric_families
 from pymongo import MongoClient
 
+from fibers.consumer.events import decode
+from fibers.consumer.ownership import lease_name
 from fibers.databus.checkpoint import Checkpoint
-from fibers.databus.events import decode
 from fibers.databus.owners import LABEL_CONSUMER
-from fibers.databus.ownership import lease_name
 from fibers_stack import StackInfo, node
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
 from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
@@ -549,7 +549,7 @@ def test_callback_error_rolls_back_and_retries(
     module = tmp_path / "flaky_callback.py"
     module.write_text(
         "import json, pathlib\n"
-        "from fibers.databus.callbacks import Callback, Result\n"
+        "from fibers.consumer.callbacks import Callback, Result\n"
         "class Flaky(Callback):\n"
         "    def __init__(self, journal):\n"
         "        self.journal = pathlib.Path(journal)\n"

@@ -20,10 +20,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers.databus.checkpoint import ConsumptionMode, timeline_key
-from fibers.databus.checkpoint_store import STATS_ANNOTATION
-from fibers.databus.store import collection_suffix
-from fibers.databus.tuning import BOOTSTRAP_PAGE_ROWS
+from fibers.consumer.store import collection_suffix
+from fibers.consumer.tuning import BOOTSTRAP_PAGE_ROWS
+from fibers.databus.checkpoint import ConsumptionMode
+from fibers.databus.timelines import STATS_ANNOTATION, timeline_key
 from fibers_stack import StackInfo
 from tests.helpers import latest_rows, produce, read_records, wait_for
 from tests.integration.test_databus import consumer_config, run_consumer, stored_checkpoint
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.databus
 
 CALLBACK = '''
 import json, pathlib, time
-from fibers.databus.callbacks import Callback, Result
+from fibers.consumer.callbacks import Callback, Result
 
 class Recorder(Callback):
     """Writes every bootstrap call to a journal; fails, hangs or always fails where the test says."""

@@ -27,9 +27,9 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers.databus.checkpoint_store import STATS_ANNOTATION
-from fibers.databus.ownership import lease_name
-from fibers.databus.undecodable import HEADER_PREFIX
+from fibers.consumer.ownership import lease_name
+from fibers.consumer.undecodable import HEADER_PREFIX
+from fibers.databus.timelines import STATS_ANNOTATION
 from fibers.wire import HEADER, Registry
 from fibers_stack import StackInfo
 from tests.helpers import produce, wait_for
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.databus
 
 SLOW_PAGES = '''
 import pathlib, time
-from fibers.databus.callbacks import Callback, Result
+from fibers.consumer.callbacks import Callback, Result
 
 class SlowPages(Callback):
     """Takes 2 s over each bootstrap page and notes each page it finished."""

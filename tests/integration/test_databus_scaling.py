@@ -21,11 +21,12 @@ from kubernetes.client import ApiClient
 
 import fibers_stack as stack
 from fibers import kubeapi
-from fibers.databus.checkpoint import Checkpoint, Checkpoints
-from fibers.databus.checkpoint_store import CheckpointStore
+from fibers.consumer.checkpoint_store import CheckpointStore
+from fibers.consumer.ownership import Leases, lease_name
+from fibers.consumer.tuning import LEASE_DURATION_SECONDS
+from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.owners import LABEL_CONSUMER
-from fibers.databus.ownership import Leases, lease_name
-from fibers.databus.tuning import LEASE_DURATION_SECONDS
+from fibers.databus.timelines import Checkpoints
 from fibers_stack import StackInfo
 from tests.helpers import Resources, read_all, wait_for
 from tests.integration.conftest import OperatorProcess
@@ -100,50 +101,6 @@ def test_a_stale_owner_cannot_move_a_checkpoint_backwards(stack_info: StackInfo,
     assert new.save({"t.0": online(12)}, force=True)
     data = api.get(kubeapi.path("v1", "configmaps", namespace, f"{unique}-checkpoint"))["data"]
     assert Checkpoints.from_configmap_data(data, ["t"])["t.0"] == online(12)
-
-
-def test_an_earlier_versions_per_instance_deployment_is_replaced_once_its_pod_is_gone(
-    kube: ApiClient, namespace: str, operator: OperatorProcess, stack_info: StackInfo, unique: str
-) -> None:
-    """What an upgrade finds: a Deployment per instance whose pods take no Leases. It is deleted, and the
-    StatefulSet is created only once its pod is gone, so the two never consume at the same time."""
-    apps, core = client.AppsV1Api(kube), client.CoreV1Api(kube)
-    labels = {"fibers.dev/databusconsumer": unique, "fibers.dev/instance": "0"}
-    container = {"name": "consumer", "image": stack_info.images["job"], "command": ["sleep", "3600"]}
-    legacy = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": f"{unique}-0", "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]},
-            },
-        },
-    }
-    apps.create_namespaced_deployment(namespace, legacy)
-    selector = f"fibers.dev/databusconsumer={unique},fibers.dev/instance"
-    wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=selector).items, timeout=60, what="its pod")
-    topic = f"{unique}-relay"
-    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # kept: its future needs it alive
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    Resources(kube, "databusconsumers", namespace).create(unique, {"sources": [topic], "sink": {"type": "log"}})
-    seen_together = threading.Event()
-
-    def statefulset() -> Any:
-        found = apps.list_namespaced_stateful_set(
-            namespace, label_selector=f"fibers.dev/databusconsumer={unique}"
-        ).items
-        if found and core.list_namespaced_pod(namespace, label_selector=selector).items:
-            seen_together.set()
-        return found
-
-    wait_for(statefulset, timeout=120, what="the StatefulSet", interval=0.2)
-    assert not seen_together.is_set(), "the StatefulSet was created while the old instance's pod still ran"
-    assert not apps.list_namespaced_deployment(namespace, label_selector=f"fibers.dev/databusconsumer={unique}").items
-    wait_for(lambda: owned_as_wanted(kube, namespace, unique, topic, 1, partitions=1), timeout=120, what="taken over")
 
 
 # ----- real pods, rescaled under load --------------------------------------------------------------

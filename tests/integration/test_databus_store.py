@@ -14,9 +14,9 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from fibers.databus.events import ChangeEvent
-from fibers.databus.mongo_servers import FERRETDB_SQLITE, MONGODB, MongoServer, detect
-from fibers.databus.store import BootstrapStore, GuardedCollection, pages
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.mongo_servers import FERRETDB_SQLITE, MONGODB, MongoServer, detect
+from fibers.consumer.store import BootstrapStore, GuardedCollection, pages
 
 pytestmark = pytest.mark.databus
 

@@ -25,10 +25,10 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from fibers.api import ANNOTATION_CONNECT_CLUSTER, ANNOTATION_OWNED_CONNECTOR
-from fibers.databus.checkpoint_store import STATS_ANNOTATION
+from fibers.consumer.ownership import lease_name
 from fibers.databus.owners import LABEL_CONSUMER
-from fibers.databus.ownership import lease_name
 from fibers.databus.stats import STATS_MAX_CHARS
+from fibers.databus.timelines import STATS_ANNOTATION
 from fibers_stack import StackInfo, fetch, namespaces
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT
 from tests.helpers import Resources, render_chart, token_kubeconfig, wait_for

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fibers.databus.callbacks import Result, Singles, WindowFailed
-from fibers.databus.events import ChangeEvent
-from fibers.databus.runtime import BatchOutcome
+from fibers.consumer.batches import BatchOutcome
+from fibers.consumer.callbacks import Result, Singles, WindowFailed
+from fibers.consumer.events import ChangeEvent
 
 OK, SKIP = Result.SUCCESS, Result.SKIP_CHECKPOINT
 

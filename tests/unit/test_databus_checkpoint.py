@@ -6,12 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
-from fibers.databus.checkpoint import (
+from fibers.databus.checkpoint import Checkpoint, CheckpointError, ConsumptionMode
+from fibers.databus.timelines import (
     SOURCES_HASH_KEY,
-    Checkpoint,
-    CheckpointError,
     Checkpoints,
-    ConsumptionMode,
     min_scn,
     parse_timeline_key,
     sources_hash,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fibers.databus.callbacks import Callback, Result, Singles, WindowFailed, window_dispatcher
-from fibers.databus.events import ChangeEvent, MalformedEvent, decode, parse_json
+from fibers.consumer.callbacks import Callback, Result, Singles, WindowFailed, window_dispatcher
+from fibers.consumer.events import ChangeEvent, MalformedEvent, decode, parse_json
 
 
 def debezium(op: str, after: dict[str, Any] | None, before: dict[str, Any] | None = None, **extra: Any) -> bytes:

@@ -7,9 +7,9 @@ import socket
 import time
 from typing import Any
 
+from fibers.consumer.telemetry import Snapshot, Telemetry
 from fibers.databus import instances
 from fibers.databus.reconciler import _conditions
-from fibers.databus.telemetry import Snapshot, Telemetry
 
 STS_UID = "sts-uid"
 

@@ -9,9 +9,8 @@ import pytest
 from pymongo import DeleteOne, InsertOne, ReplaceOne
 from pymongo.errors import BulkWriteError
 
-from fibers.databus.events import ChangeEvent
-from fibers.databus.mongo_servers import (
-    BULK_LIMIT,
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.mongo_servers import (
     DUPLICATE_KEY,
     FERRETDB_SQLITE,
     MONGODB,
@@ -21,7 +20,8 @@ from fibers.databus.mongo_servers import (
     older_than,
     server_for,
 )
-from fibers.databus.store import GuardedCollection
+from fibers.consumer.store import GuardedCollection
+from fibers.mongodb import BULK_LIMIT
 
 # buildInfo as the local stack's FerretDB v1.24.2 (a wrapper-module build) answers it, trimmed.
 FERRETDB_V1 = {"version": "7.0.42", "gitVersion": "unknown", "ferretdbVersion": "unknown", "ok": 1.0}

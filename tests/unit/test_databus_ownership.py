@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from fibers.databus.checkpoint_store import fenced_keys
+from fibers.consumer.checkpoint_store import fenced_keys
+from fibers.consumer.ownership import Leases, lease_name, ordinal_of, owned_keys, wanted
+from fibers.consumer.tuning import LEASE_DURATION_SECONDS
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV
-from fibers.databus.ownership import Leases, lease_name, ordinal_of, owned_keys, wanted
 from fibers.databus.stats import instance_stats
-from fibers.databus.tuning import LEASE_DURATION_SECONDS
 from fibers.databus.workload import render_config, statefulset
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from fibers.databus.callbacks import Callback, Result, WindowFailed
+from fibers.consumer.callbacks import Callback, Result, WindowFailed
+from fibers.consumer.driver import CallbackDriver, CallbackTimeout
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.testing import Feeder, change
 from fibers.databus.config import ConfigError, ConsumerConfig
-from fibers.databus.driver import CallbackDriver, CallbackTimeout
-from fibers.databus.events import ChangeEvent
-from fibers.databus.testing import Feeder, change
 from fibers.databus.workload import SINK_URI_ENV, render_config, statefulset
 
 
@@ -181,7 +181,7 @@ def test_a_kafka_sink_fails_the_batch_when_a_record_is_not_delivered() -> None:
     """librdkafka drops a record whose delivery failed from its queue, so `flush` alone returns 0 as if
     all were delivered: the sink must read the delivery reports. No broker answers here, so each
     record's delivery times out (a real producer; message.timeout.ms kept short)."""
-    from fibers.databus.sinks import KafkaSink
+    from fibers.consumer.sinks import KafkaSink
 
     sink = KafkaSink("127.0.0.1:9", "out", settings={"message.timeout.ms": 300})
     events = [ChangeEvent("in", 0, i, str(i), "c", i, i, {"id": i}) for i in range(3)]
@@ -195,7 +195,7 @@ def test_a_kafka_sink_fails_the_batch_when_a_record_is_not_delivered() -> None:
 def test_a_history_keeps_every_snapshot_row_whole_and_keys_relay_changes_by_position() -> None:
     """Snapshot rows all had offset -1, so the history kept one document per partition, and bootstrap
     events (no record value) were stored without their row."""
-    from fibers.databus.sinks import history_document
+    from fibers.consumer.sinks import history_document
 
     rows = [ChangeEvent("t", 0, -1, str(k), "r", 50, "snapshot", {"id": k, "v": k * 10}) for k in range(3)]
     documents = dict(map(history_document, rows))

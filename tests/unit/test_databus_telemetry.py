@@ -11,7 +11,7 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fibers.databus.telemetry import SinkFigures, Snapshot, Telemetry, Timeline
+from fibers.consumer.telemetry import SinkFigures, Snapshot, Telemetry, Timeline
 
 
 def samples(telemetry: Telemetry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

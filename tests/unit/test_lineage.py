@@ -63,7 +63,7 @@ def test_a_failed_run_carries_the_error_message_facet() -> None:
 def test_the_operator_and_the_consumer_runtime_do_not_load_the_openlineage_client() -> None:
     """It costs a process ~25 MiB; only a run that reports lineage imports it (on its first event)."""
     code = (
-        "import sys, fibers.controller, fibers.databus.runtime, fibers.jobs.spec; "
+        "import sys, fibers.controller, fibers.consumer.runtime, fibers.jobs.spec; "
         "print(sorted(m for m in sys.modules if m.startswith('openlineage')))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -24,6 +24,7 @@ from fibers.jobs import inputs, outputs, report
 from fibers.jobs import transform as job
 from fibers.jobs.report import JobResult
 from fibers.jobs.spec import FilesSource, Input, JobSpec, KafkaSource, MongoSink, MongoSource, SpecError
+from fibers.mongodb import BULK_LIMIT
 
 ORDERS = [
     {"id": 1, "customer": "ada", "amount": 10.0},
@@ -294,9 +295,9 @@ def test_mongodb_output_upserts_by_id_column_or_inserts() -> None:
     ]
 
     inserts = FakeCollection()
-    outputs.store_documents(inserts, ({"n": i} for i in range(outputs.MONGO_BATCH + 1)), None)  # type: ignore[arg-type]
+    outputs.store_documents(inserts, ({"n": i} for i in range(BULK_LIMIT + 1)), None)  # type: ignore[arg-type]
     assert [(call, len(docs)) for call, docs in inserts.calls] == [
-        ("insert_many", outputs.MONGO_BATCH),
+        ("insert_many", BULK_LIMIT),
         ("insert_many", 1),
     ]
 

@@ -14,7 +14,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from fibers.databus.events import MalformedEvent, decode
+from fibers.consumer.events import MalformedEvent, decode
 from fibers.wire import HEADER, AvroDecoder, Registry, RegistryUnavailable, WireFormatError, split
 
 ROW = {"type": "record", "name": "Row", "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]}

@@ -93,21 +93,17 @@ exactly these permissions.
   resources: [configmaps]
   verbs: [get, list, watch, create, update, delete]
 # DatabusConsumer: one StatefulSet of its instances, read, created, patched (template, replicas) and
-# deleted on a seek, and watched by label; the one Deployment per instance of earlier versions is
-# found by label and deleted.
+# deleted on a seek, and watched by label.
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [apps]
-  resources: [deployments]
-  verbs: [list, delete]
 # DatabusConsumer: a namespace's Leases are listed to find one named as a consumer's partition that
 # its instances did not make (a Conflict; they never take it over). The instances hold their own.
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [list]
-# DatabusConsumer: its pods are listed and watched by label to report an instance's exit and to
-# wait out a seek.
+# DatabusConsumer: its pods are listed and watched by label to report an instance's exit (or ask a
+# not-ready one why, on its metrics port) and to wait out a seek.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]

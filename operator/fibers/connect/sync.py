@@ -94,7 +94,7 @@ def _ctx(target: Target) -> dict[str, str]:
 
 def _kept(meta: dict[str, Any]) -> dict[str, Any]:
     """The metadata a Target keeps: all but managedFields, which grows with every writer and is never read
-    (at 1,000 resources the operator's RSS went from 142 to 137 MiB without it)."""
+    (about 5 KiB a resource: a few MiB of RSS at a thousand resources)."""
     return {k: v for k, v in meta.items() if k != "managedFields"}
 
 

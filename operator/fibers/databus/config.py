@@ -12,7 +12,7 @@ from typing import Any
 POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
 SINK_TYPES = ("mongodb", "history", "bootstrap", "kafka", "log", "callback")
 START_POSITIONS = ("bootstrap", "earliest", "latest")
-UNDECODABLE_ACTIONS = ("fail", "skip", "deadLetter")  # fibers.databus.undecodable
+UNDECODABLE_ACTIONS = ("fail", "skip", "deadLetter")  # fibers.consumer.undecodable
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's rule for topic names
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _CALLBACK = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -57,7 +57,7 @@ class ConsumerConfig:
     registry_url: str | None = None  # values are Avro in the registry's wire format (spec.relay.avro)
     lineage: dict[str, str] | None = None  # {topic, bootstrapServers, namespace, job}: OpenLineage events go there
     producers: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → the sourceRef that resolved to it
-    on_undecodable: str = "fail"  # fail | skip | deadLetter (fibers.databus.undecodable)
+    on_undecodable: str = "fail"  # fail | skip | deadLetter (fibers.consumer.undecodable)
     dead_letter_topic: str | None = None
 
     @classmethod

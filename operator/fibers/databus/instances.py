@@ -12,11 +12,9 @@ from typing import Any
 
 import httpx
 
-from fibers.databus.tuning import READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS
+from fibers.databus.policy import MESSAGE_CHARS, READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS
 from fibers.databus.workload import METRICS_PORT
 from fibers.redact import redact, truncate
-
-MESSAGE_CHARS = 1024  # of an instance's message kept in the condition
 
 
 def exit_message(pods: list[dict[str, Any]]) -> str:

@@ -1,26 +1,27 @@
 """The DatabusConsumer reconciler: a StatefulSet in, checkpoint ConfigMap out.
 
-It keeps the StatefulSet of the consumer's instances matching the spec (replacing the one
-Deployment per instance of earlier versions), carries out seeks, and mirrors the checkpoints
-(written by the consumers themselves) into the resource's status. A malformed checkpoint is
-reported, never rewritten.
+It keeps the StatefulSet of the consumer's instances matching the spec, carries out seeks, and mirrors
+the checkpoints (written by the consumers themselves) into the resource's status, with what the
+instances say of themselves (`instances`). A malformed checkpoint is reported, never rewritten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from fibers import conditions, metrics, podpolicy, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
 from fibers.databus import instances, owners, stats, workload
-from fibers.databus.checkpoint import CheckpointError, Checkpoints, progressed
-from fibers.databus.checkpoint_store import STOPPED_ANNOTATION
+from fibers.databus.checkpoint import CheckpointError
 from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
-from fibers.databus.workload import LABEL_INSTANCE, PLURAL
+from fibers.databus.policy import MESSAGE_CHARS, SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
+from fibers.databus.timelines import STOPPED_ANNOTATION, Checkpoints, progressed
+from fibers.databus.workload import PLURAL
 from fibers.kube import Kube
 from fibers.kubeapi import path
 from fibers.podpolicy import PodPolicy
@@ -65,24 +66,6 @@ class DatabusReconciler:
             return None
         with metrics.reconciling(workload.KIND):
             return await self._reconcile(body)
-
-    async def _legacy(self, namespace: str, name: str) -> list[str]:
-        """The per-instance Deployments of an earlier version still there (replaced by the StatefulSet)."""
-        found = await self.kube.items(
-            path("apps/v1", "deployments", namespace), labelSelector=f"{LABEL_CONSUMER}={name}"
-        )
-        return [str(d["metadata"]["name"]) for d in found]
-
-    async def _retire_legacy(self, namespace: str, name: str, ctx: dict[str, Any]) -> bool:
-        """Delete an earlier version's Deployments; True once none of their pods runs.
-
-        Their pods take no Leases, so the StatefulSet's pods wait until they are gone.
-        """
-        for legacy in await self._legacy(namespace, name):
-            await self.kube.delete(path("apps/v1", "deployments", namespace, legacy))
-            log.info("per-instance Deployment replaced by the StatefulSet", extra={**ctx, "deployment": legacy})
-        selector = f"{LABEL_CONSUMER}={name},{LABEL_INSTANCE}"
-        return not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector)
 
     async def _registry_url(self, namespace: str, spec: dict[str, Any]) -> str | None:
         """The schema registry of spec.relay.avro (None: JSON values); ValueError names what is missing."""
@@ -173,10 +156,7 @@ class DatabusReconciler:
                 )
         except ValueError as exc:
             problem = str(exc)
-        # An earlier version's Deployments are looked for only until the StatefulSet exists.
-        runnable = manifest is not None and not (problem or conflict)
-        if runnable and (existing or await self._retire_legacy(namespace, name, ctx)):
-            assert manifest is not None
+        if manifest is not None and not (problem or conflict):
             await self._apply(manifest, existing, ctx)
         if spec.get("restartNonce"):
             status["lastRestartNonce"] = spec["restartNonce"]
@@ -238,13 +218,12 @@ class DatabusReconciler:
         """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
-        for legacy in await self._legacy(namespace, name):
-            await self.kube.delete(path("apps/v1", "deployments", namespace, legacy), propagation="Foreground")
         selector = f"{LABEL_CONSUMER}={body['metadata']['name']}"
-        for _ in range(120):
-            if not await self.kube.items(path("v1", "pods", namespace), labelSelector=selector):
-                break
-            await asyncio.sleep(0.5)
+        deadline = time.monotonic() + SEEK_STOP_WAIT_SECONDS
+        while time.monotonic() < deadline and await self.kube.items(
+            path("v1", "pods", namespace), labelSelector=selector
+        ):
+            await asyncio.sleep(SEEK_STOP_POLL_SECONDS)
         await self.delete_checkpoints(body)
         log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
 
@@ -352,7 +331,7 @@ def stopped_instances(annotations: dict[str, str], instances: int) -> str:
     for key, value in sorted(annotations.items()):
         ordinal = key.removeprefix(STOPPED_ANNOTATION)
         if key.startswith(STOPPED_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances and value:
-            return truncate(redact(value, ()), 1024)
+            return truncate(redact(value, ()), MESSAGE_CHARS)
     return ""
 
 

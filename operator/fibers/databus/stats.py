@@ -13,7 +13,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from fibers.databus.checkpoint_store import STATS_ANNOTATION
+from fibers.databus.timelines import STATS_ANNOTATION
 
 # The most characters one instance's figures may take: a few sinks' figures are ~300; more is not ours.
 STATS_MAX_CHARS = 8192

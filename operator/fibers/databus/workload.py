@@ -2,8 +2,8 @@
 
 One StatefulSet, `spec.instances` replicas: pod `<name>-i` is instance i. The pods learn the number of
 instances from the StatefulSet while they run and hand partitions over through Leases
-(`fibers.databus.ownership`), so a rescale changes `replicas` only — the pod template, and so the
-running pods, stay as they are. Earlier versions ran one Deployment per instance (LABEL_INSTANCE).
+(`fibers.consumer.ownership`), so a rescale changes `replicas` only — the pod template, and so the
+running pods, stay as they are.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from fibers.watches import Child
 
 PLURAL = DATABUS_PLURAL
 KIND = "DatabusConsumer"
-LABEL_INSTANCE = "fibers.dev/instance"  # on the Deployments (and their pods) of earlier versions
 # Watched: a change to the StatefulSet (ready replicas), a pod (an instance exiting) or the checkpoint
 # ConfigMap (the consumers' progress) brings the consumer back to its reconciler.
 CHILDREN = (

@@ -20,8 +20,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from fibers.jobs import avro
-from fibers.jobs.mongo import MONGO_TIMEOUT_MS, env_value
+from fibers.jobs.mongo import env_value
 from fibers.jobs.spec import FilesSource, JobSpec, KafkaSource, MongoSource, Source
+from fibers.mongodb import SELECTION_TIMEOUT_MS
 
 log = logging.getLogger("fibers.jobs.inputs")
 
@@ -110,7 +111,7 @@ def read_mongodb(spark: SparkSession, source: MongoSource) -> DataFrame:
     from pymongo import MongoClient
 
     uri = env_value(source.uri_env)
-    client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+    client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=SELECTION_TIMEOUT_MS)
     try:
         documents = list(client[source.database][source.collection].find())
     finally:

@@ -2,14 +2,12 @@
 
 The job spec only names an environment variable (the operator sets it from a secretKeyRef), so the URI
 is in neither the spec nor the SparkApplication; the driver reads it when it needs it. Reads and writes
-give up on an unreachable server after the same time.
+give up on an unreachable server after the same time (`fibers.mongodb`).
 """
 
 from __future__ import annotations
 
 import os
-
-MONGO_TIMEOUT_MS = 15_000
 
 
 def env_value(name: str) -> str:

@@ -22,8 +22,9 @@ from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
 from fibers.jobs import avro
-from fibers.jobs.mongo import MONGO_TIMEOUT_MS, env_value
+from fibers.jobs.mongo import env_value
 from fibers.jobs.spec import AvroRef, FilesSink, JobSpec, KafkaSink, MongoSink, Sink, SpecError
+from fibers.mongodb import BULK_LIMIT, SELECTION_TIMEOUT_MS
 from fibers.redact import redact
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fibers.jobs.outputs")
 
-MONGO_BATCH = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
 # Seconds a finished write waits for its observed row count. Spark hands it over from its listener bus
 # (~0.1 s after the write here); past this the rows are counted by a job of their own instead.
 OBSERVED_COUNT_WAIT = 10.0
@@ -163,7 +163,7 @@ def mongo_partition_writer(
         from pymongo import MongoClient
 
         try:
-            client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=MONGO_TIMEOUT_MS)
+            client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=SELECTION_TIMEOUT_MS)
             try:
                 documents = (bson_ready(row.asDict(recursive=True)) for row in itertools.chain([first], rows))
                 stored = store_documents(client[database][collection], documents, id_column)
@@ -191,7 +191,7 @@ def store_documents(
 
     stored = 0
     iterator = iter(documents)
-    while batch := list(itertools.islice(iterator, MONGO_BATCH)):
+    while batch := list(itertools.islice(iterator, BULK_LIMIT)):
         if id_column is None:
             collection.insert_many(batch, ordered=False)
         else:

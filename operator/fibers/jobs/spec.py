@@ -20,6 +20,7 @@ MODES = ("batch", "streaming")
 SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
 DEFAULT_TRIGGER_SECONDS = 2.0
 _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+METRICS_PORT_ENV = "FIBERS_METRICS_PORT"  # the driver's metrics port, as the operator names it (`progress`)
 LABEL_TRANSFORM = "fibers.dev/transform"  # on a run's SparkApplication and the result ConfigMap its driver writes
 
 

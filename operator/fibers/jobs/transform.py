@@ -45,7 +45,7 @@ from fibers.jobs.report import (
     publish,
     write_error_config_map,
 )
-from fibers.jobs.spec import JobSpec, SpecError, split_entrypoint
+from fibers.jobs.spec import METRICS_PORT_ENV, JobSpec, SpecError, split_entrypoint
 from fibers.redact import redact
 from fibers.spark import session
 
@@ -101,7 +101,7 @@ def run_streaming(spark: SparkSession, spec: JobSpec, stop: threading.Event, pol
     if not result.isStreaming:
         raise TypeError("the transformation does not read any stream; use mode batch for this spec")
     metrics = None
-    if port := os.environ.get(progress.METRICS_PORT_ENV):  # the operator names the driver's metrics port
+    if port := os.environ.get(METRICS_PORT_ENV):  # the operator names the driver's metrics port
         metrics = progress.StreamingMetrics(spec.name)
         metrics.serve(int(port))
     query = start_query(spec, result)

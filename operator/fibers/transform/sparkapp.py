@@ -11,8 +11,7 @@ import json
 from typing import Any
 
 from fibers import termination
-from fibers.jobs.progress import METRICS_PORT_ENV
-from fibers.jobs.spec import LABEL_TRANSFORM, result_config_map, written_for
+from fibers.jobs.spec import LABEL_TRANSFORM, METRICS_PORT_ENV, result_config_map, written_for
 from fibers.kube import Kube, adopt
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate

@@ -14,9 +14,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from fibers.databus.callbacks import Result
-from fibers.databus.events import ChangeEvent
-from fibers.databus.sinks import WindowSink
+from fibers.consumer.callbacks import Result
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.sinks import WindowSink
 
 
 class WindowRecorder(WindowSink):

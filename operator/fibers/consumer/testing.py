@@ -6,7 +6,7 @@ Feeder calls the same dispatcher the consumer runtime uses, so the call order â€
 start source, data events, end source, end sequence, checkpoint; rollback after a failed window;
 the bootstrap twins â€” and the calls a class does not implement are the runtime's own:
 
-    from fibers.databus.testing import Feeder, change
+    from fibers.consumer.testing import Feeder, change
 
     feeder = Feeder(CustomerTotals(dsn=...))
     feeder.window([change("o1", {"customer": "c1", "amount": 5}, scn=10)])
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fibers.databus.callbacks import Callback, Result, bootstrap_page, call, end_batch, window_dispatcher
-from fibers.databus.events import ChangeEvent
+from fibers.consumer.callbacks import Callback, Result, bootstrap_page, call, end_batch, window_dispatcher
+from fibers.consumer.events import ChangeEvent
 
 
 def change(

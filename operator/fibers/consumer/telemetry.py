@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fibers.databus.tuning import API_WAIT_UNREADY_SECONDS
+from fibers.consumer.tuning import API_WAIT_UNREADY_SECONDS
 
 MODES = ("INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION")
 _UTC = "%Y-%m-%dT%H:%M:%SZ"

@@ -19,9 +19,9 @@ from pymongo.database import Database
 from pymongo.errors import AutoReconnect, CursorNotFound
 
 from fibers import failpoints
-from fibers.databus.events import ChangeEvent
-from fibers.databus.mongo_servers import MongoServer, Stored, Write, detect
-from fibers.databus.mongo_servers import bulk_write as bulk_write  # bench/databus_throughput.py's plain loop uses it
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.mongo_servers import MongoServer, Stored, Write, detect
+from fibers.consumer.mongo_servers import bulk_write as bulk_write  # bench/databus_throughput.py's plain loop uses it
 
 
 def collection_suffix(topic: str) -> str:
@@ -42,7 +42,7 @@ class GuardedCollection:
     What each key holds (its SCN, and whether a document exists) is remembered after every write,
     deletes included, so a replayed older insert cannot bring a deleted row back and a replay of
     what was applied writes nothing. Keys not remembered are learnt, and the writes sent, by the
-    server's adapter (fibers.databus.mongo_servers): FerretDB's inserts and reads, or MongoDB's
+    server's adapter (fibers.consumer.mongo_servers): FerretDB's inserts and reads, or MongoDB's
     guarded upserts. Remembering is safe because one consumer instance owns each key's partition
     exclusively; a new owner starts with an empty memory, and replays from its checkpoint, which
     holds every delete it has not seen yet.

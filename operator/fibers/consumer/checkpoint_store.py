@@ -2,7 +2,7 @@
 
 Several instances of one consumer share the ConfigMap, each owning different timelines
 (partitions). A write re-reads on conflict and replaces only its own keys, so instances never
-overwrite each other. Timelines are held exclusively through Leases (`fibers.databus.ownership`),
+overwrite each other. Timelines are held exclusively through Leases (`fibers.consumer.ownership`),
 and fenced here too: once it holds the Lease, a new owner *claims* the timeline (raises its recorded
 token and reads the checkpoint in one compare-and-swap) before it consumes, and a write carrying a
 lower token than the recorded one is refused — so a pod that lost a partition (and perhaps does not
@@ -26,21 +26,26 @@ from typing import Any, TypeVar
 
 from fibers import failpoints
 from fibers.conditions import format_time, utcnow
-from fibers.databus.checkpoint import SOURCES_HASH_KEY, Checkpoint, CheckpointError, Checkpoints, sources_hash
-from fibers.databus.owners import LABEL_CONSUMER, foreign_checkpoint
-from fibers.databus.tuning import (
+from fibers.consumer.tuning import (
     API_RETRY_BASE_SECONDS,
     API_RETRY_CAP_SECONDS,
     API_SHUTDOWN_WAIT_SECONDS,
     API_WAIT_NOTICE_SECONDS,
     CHECKPOINT_CONFLICT_TRIES,
 )
+from fibers.databus.checkpoint import Checkpoint, CheckpointError
+from fibers.databus.owners import LABEL_CONSUMER, foreign_checkpoint
+from fibers.databus.timelines import (
+    OWNERS_ANNOTATION,
+    SOURCES_HASH_KEY,
+    STATS_ANNOTATION,
+    STOPPED_ANNOTATION,
+    Checkpoints,
+    sources_hash,
+)
 from fibers.kubeapi import Api, ApiError, Unreachable, path, retry_delay, transient
 
-log = logging.getLogger("fibers.databus.checkpoint")
-STATS_ANNOTATION = "fibers.dev/stats-"
-OWNERS_ANNOTATION = "fibers.dev/owners"  # {timeline key: fencing token of its owner}
-STOPPED_ANNOTATION = "fibers.dev/stopped-"  # + instance: why that instance stopped for good (it waits, not restarts)
+log = logging.getLogger("fibers.consumer.checkpoint")
 T = TypeVar("T")
 
 

@@ -31,6 +31,9 @@ QUIET_SECONDS: Final = 0.05
 # (flushing a throttled checkpoint, noticing a stop request).
 IDLE_WAIT_SECONDS: Final = 0.2
 
+# How long a call for Kafka metadata (a topic's partitions, a partition's watermarks) may wait for the broker.
+KAFKA_METADATA_TIMEOUT_SECONDS: Final = 30.0
+
 # Rows per bootstrap page (snapshot rows or logged changes): one hand-off to the callbacks, one
 # checkpoint and, after a failure, the unit that is delivered again. Small enough that a replay
 # repeats little; large enough that the store's cursor and the checkpoint writes stay a small cost.
@@ -68,7 +71,7 @@ def settle_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-# Partition ownership (fibers.databus.ownership): one Lease per partition. Another pod may take a Lease
+# Partition ownership (fibers.consumer.ownership): one Lease per partition. Another pod may take a Lease
 # whose record it has seen unchanged this long; its holder renews it this often and stops handing on the
 # partition's windows if no renewal succeeded for the deadline — a margin of 4 s before anyone may take it
 # (client-go's leader election keeps the same order: renew period < renew deadline < lease duration).
@@ -87,11 +90,6 @@ API_RETRY_CAP_SECONDS: Final = 10.0
 # ("waiting for the API server for N s"): the pod turns NotReady, its consumer's readyInstances falls, and
 # `kubectl get pods` shows it, while the status it cannot write says nothing.
 API_WAIT_UNREADY_SECONDS: Final = 5.0
-# How long the operator waits for a not-ready instance's own answer to /ready (the reason it shows in the
-# consumer's condition), and how much of it it reads: an instance that does not answer in time (a
-# NetworkPolicy between them, a stalled pod) is counted as not ready without a reason.
-READY_ASK_TIMEOUT_SECONDS: Final = 2.0
-READY_ANSWER_BYTES: Final = 512
 API_WAIT_NOTICE_SECONDS: Final = 5.0
 API_SHUTDOWN_WAIT_SECONDS: Final = 10.0
 

@@ -13,7 +13,8 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any
 
-from fibers.databus.events import ChangeEvent
+from fibers import failpoints
+from fibers.consumer.events import ChangeEvent
 
 
 class Result(enum.Enum):
@@ -86,6 +87,62 @@ class Callback:
 
 
 Hook = Callable[[Any], Result]
+
+
+class WindowSink(Callback):
+    """Buffers complete windows; subclasses write them in `flush`, once per dispatched batch.
+
+    The runtime hands the callbacks several complete windows at a time and calls `on_end_batch`
+    after the last one succeeded; only then may their checkpoints move. A window that fails is
+    dropped from the buffer (`on_rollback`), and the windows before it are still written.
+    """
+
+    def __init__(self) -> None:
+        self.window: list[ChangeEvent] = []
+        self.completed: list[ChangeEvent] = []
+
+    def on_start_data_event_sequence(self, scn: int) -> Result:
+        self.window = []
+        return Result.SUCCESS
+
+    def on_data_event(self, event: ChangeEvent) -> Result:
+        self.window.append(event)
+        return Result.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> Result:
+        self.completed.extend(self.window)
+        self.window = []
+        return Result.SUCCESS
+
+    def on_rollback(self, scn: int) -> Result:
+        self.window = []
+        return Result.SUCCESS
+
+    on_start_bootstrap_sequence = on_start_data_event_sequence
+    on_end_bootstrap_sequence = on_end_data_event_sequence
+    on_bootstrap_rollback = on_rollback
+
+    # The failpoints around this sink's writes (fibers.failpoints), and what its client raises when the
+    # server is away: a test makes the real write fail, hang, or the process die just after it.
+    failpoint: str = "sink.write"
+    failpoint_error: type[Exception] = RuntimeError
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.failpoint_done = f"{cls.failpoint}.done"  # named once, not per batch
+
+    failpoint_done = "sink.write.done"
+
+    def on_end_batch(self) -> None:
+        """Write every complete window received since the last batch (raises on failure)."""
+        events, self.completed = self.completed, []
+        if events:
+            failpoints.hit(self.failpoint, self.failpoint_error)
+            self.flush(events)
+            failpoints.hit(self.failpoint_done, self.failpoint_error)
+
+    def flush(self, events: list[ChangeEvent]) -> None:
+        raise NotImplementedError
 
 
 class Singles(list[ChangeEvent]):
@@ -220,5 +277,5 @@ def load(spec: str, options: dict[str, Any]) -> Callback:
     cls = pkgutil.resolve_name(spec)
     instance = cls(**options)
     if not isinstance(instance, Callback):
-        raise TypeError(f"{spec} must subclass fibers.databus.callbacks.Callback")
+        raise TypeError(f"{spec} must subclass fibers.consumer.callbacks.Callback")
     return instance

@@ -1,6 +1,6 @@
 """How guarded writes reach a MongoDB-protocol server: one adapter per kind of server.
 
-`GuardedCollection` (fibers.databus.store) decides which changes are newer than what their keys
+`GuardedCollection` (fibers.consumer.store) decides which changes are newer than what their keys
 hold; an adapter here decides how those changes are sent so that none of them overwrites a newer
 document. The servers differ enough to want different ways:
 
@@ -23,8 +23,9 @@ from typing import Any, NamedTuple, Protocol
 from pymongo import DeleteOne, InsertOne, ReplaceOne
 from pymongo.errors import BulkWriteError
 
+from fibers.mongodb import BULK_LIMIT
+
 DUPLICATE_KEY = 11000  # MongoDB's error code for a write of an _id that exists
-BULK_LIMIT = 50  # FerretDB v1 (SQLite) stops answering when one bulk replaces ~100 existing documents
 FEW_KEYS = 8  # FerretDB: unknown keys read one by one; more are read with one $in query (one scan for the lot)
 
 

@@ -17,89 +17,33 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from pymongo import MongoClient
 from pymongo.errors import AutoReconnect
 
-from fibers import failpoints
-from fibers.databus import callbacks
-from fibers.databus.callbacks import Callback, Result
-from fibers.databus.events import ChangeEvent
-from fibers.databus.mongo_servers import detect
-from fibers.databus.store import BootstrapStore, GuardedCollection
-from fibers.databus.tuning import KAFKA_SINK_FLUSH_SECONDS, KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS
+from fibers.consumer import callbacks
+from fibers.consumer.callbacks import Callback, WindowSink
+from fibers.consumer.events import ChangeEvent
+from fibers.consumer.mongo_servers import detect
+from fibers.consumer.store import BootstrapStore, GuardedCollection
+from fibers.consumer.tuning import KAFKA_SINK_FLUSH_SECONDS, KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS
+from fibers.mongodb import SELECTION_TIMEOUT_MS
 
-log = logging.getLogger("fibers.databus.sink")
+log = logging.getLogger("fibers.consumer.sink")
 
 
 class SinkNotDelivered(RuntimeError):
     """A sink's write was not confirmed: the window fails and is replayed from its checkpoint."""
 
 
-class WindowSink(Callback):
-    """Buffers complete windows; subclasses write them in `flush`, once per dispatched batch.
-
-    The runtime hands the callbacks several complete windows at a time and calls `on_end_batch`
-    after the last one succeeded; only then may their checkpoints move. A window that fails is
-    dropped from the buffer (`on_rollback`), and the windows before it are still written.
-    """
-
-    def __init__(self) -> None:
-        self.window: list[ChangeEvent] = []
-        self.completed: list[ChangeEvent] = []
-
-    def on_start_data_event_sequence(self, scn: int) -> Result:
-        self.window = []
-        return Result.SUCCESS
-
-    def on_data_event(self, event: ChangeEvent) -> Result:
-        self.window.append(event)
-        return Result.SUCCESS
-
-    def on_end_data_event_sequence(self, scn: int) -> Result:
-        self.completed.extend(self.window)
-        self.window = []
-        return Result.SUCCESS
-
-    def on_rollback(self, scn: int) -> Result:
-        self.window = []
-        return Result.SUCCESS
-
-    on_start_bootstrap_sequence = on_start_data_event_sequence
-    on_end_bootstrap_sequence = on_end_data_event_sequence
-    on_bootstrap_rollback = on_rollback
-
-    # The failpoints around this sink's writes (fibers.failpoints), and what its client raises when the
-    # server is away: a test makes the real write fail, hang, or the process die just after it.
-    failpoint: str = "sink.write"
-    failpoint_error: type[Exception] = RuntimeError
-
-    def __init_subclass__(cls) -> None:
-        super().__init_subclass__()
-        cls.failpoint_done = f"{cls.failpoint}.done"  # named once, not per batch
-
-    failpoint_done = "sink.write.done"
-
-    def on_end_batch(self) -> None:
-        """Write every complete window received since the last batch (raises on failure)."""
-        events, self.completed = self.completed, []
-        if events:
-            failpoints.hit(self.failpoint, self.failpoint_error)
-            self.flush(events)
-            failpoints.hit(self.failpoint_done, self.failpoint_error)
-
-    def flush(self, events: list[ChangeEvent]) -> None:
-        raise NotImplementedError
-
-
 def _mongo(uri_env: str) -> MongoClient[dict[str, Any]]:
     uri = os.environ.get(uri_env)
     if not uri:
         raise ValueError(f"environment variable {uri_env} (the MongoDB URI) is not set")
-    return MongoClient(uri, serverSelectionTimeoutMS=10000)
+    return MongoClient(uri, serverSelectionTimeoutMS=SELECTION_TIMEOUT_MS)
 
 
 class MongoSink(WindowSink):
     """A materialised view: one document per key, never moved back to an older SCN.
 
     How the writes reach the server (FerretDB's or MongoDB's way) is detected on the first flush,
-    from the server the client talks to: see fibers.databus.mongo_servers.
+    from the server the client talks to: see fibers.consumer.mongo_servers.
     """
 
     failpoint, failpoint_error = "mongo.write", AutoReconnect

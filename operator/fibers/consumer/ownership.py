@@ -28,12 +28,12 @@ from typing import Any
 
 from fibers import failpoints
 from fibers.conditions import utcnow
+from fibers.consumer.tuning import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
 from fibers.databus import owners
-from fibers.databus.checkpoint import timeline_key
-from fibers.databus.tuning import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
+from fibers.databus.timelines import timeline_key
 from fibers.kubeapi import Api, ApiError, Unreachable, path
 
-log = logging.getLogger("fibers.databus.ownership")
+log = logging.getLogger("fibers.consumer.ownership")
 
 
 def wanted(partitions: Iterable[int], replicas: int, ordinal: int) -> list[int]:

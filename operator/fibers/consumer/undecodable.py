@@ -18,9 +18,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from fibers.databus.tuning import KAFKA_SINK_FLUSH_SECONDS
+from fibers.consumer.tuning import KAFKA_SINK_FLUSH_SECONDS
 
-log = logging.getLogger("fibers.databus.undecodable")
+log = logging.getLogger("fibers.consumer.undecodable")
 ACTIONS = ("fail", "skip", "deadLetter")
 HEADER_PREFIX = "fibers.undecodable."
 
