@@ -27,13 +27,14 @@ def _run(args: argparse.Namespace) -> int:
         controller,  # registers the handlers
         memory,
         metrics,
+        settings,
     )
 
     memory.limit_arenas()
 
     if args.connect_cluster:
         os.environ["FIBERS_CONNECT_DEFAULT_CLUSTER"] = args.connect_cluster
-    os.environ[controller.NAMESPACES_ENV] = ",".join(args.namespace or [])  # the child watches' scope
+    os.environ[settings.NAMESPACES_ENV] = ",".join(args.namespace or [])  # the child watches' scope
     if args.metrics_port:
         metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS)
     peering: dict[str, Any] = (

@@ -16,5 +16,9 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return _URL_CREDENTIALS.sub(rf"\g<scheme>{MASK}@", text)
 
 
-def truncate(text: str, limit: int = 1024) -> str:
+# What a status message or an Event keeps of a longer text (a stack trace, a server's answer).
+MESSAGE_CHARS = 1024
+
+
+def truncate(text: str, limit: int = MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"

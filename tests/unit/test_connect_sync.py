@@ -30,7 +30,8 @@ from fibers.connect.ownership import OWNER_KEY
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.registry import ClusterSettings, ConnectClusters, Known
 from fibers.connect.rest import ConnectError, ConnectorView, ConnectUnreachable
-from fibers.connect.sync import ConnectSync, SyncSettings
+from fibers.connect.settings import SyncSettings
+from fibers.connect.sync import ConnectSync
 from fibers.kubeapi import ApiError
 
 CLUSTER = "local"  # a ConnectCluster
@@ -242,8 +243,8 @@ def test_deletion_deletes_only_a_claimed_connector_then_releases_the_resource() 
         foreign = _body("theirs", finalizers=["example.com/other"], deletionTimestamp="2026-11-22T08:00:00Z")
         for body in (claimed, foreign):
             await sync.observe("MODIFIED", copy.deepcopy(body))  # type: ignore[arg-type]
-        sync._start_deletions()
-        await asyncio.gather(*sync._deletions.values())
+        sync.deleter.start(sync.targets.values())
+        await asyncio.gather(*sync.deleter.tasks.values())
         await sync.observe("DELETED", claimed)  # type: ignore[arg-type]
         assert ("shop", "mine") not in sync.targets
         return kube, connect
@@ -269,11 +270,11 @@ def _deleting(name: str, **annotations: str) -> dict[str, Any]:
 
 async def _deletions_end(sync: ConnectSync, within: float) -> bool:
     """Whether every deletion task ended (the resource released) within `within` seconds."""
-    sync._start_deletions()
-    done, _ = await asyncio.wait(list(sync._deletions.values()), timeout=within)
+    sync.deleter.start(sync.targets.values())
+    done, _ = await asyncio.wait(list(sync.deleter.tasks.values()), timeout=within)
     for task in done:
         task.result()  # a deletion that failed outright fails the test
-    return len(done) == len(sync._deletions)
+    return len(done) == len(sync.deleter.tasks)
 
 
 def test_a_deletion_whose_connect_cluster_is_gone_releases_the_resource_with_a_warning() -> None:

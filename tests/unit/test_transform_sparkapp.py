@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from fibers import controller
+from fibers import settings
 from fibers.conditions import format_time
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
@@ -179,16 +179,16 @@ def test_pull_policy_core_request_and_memory_defaults() -> None:
 def test_the_operator_defaults_come_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("FIBERS_JOB_IMAGE_PULL_POLICY", "FIBERS_SPARK_CORE_REQUEST", "FIBERS_JOB_IMAGE"):
         monkeypatch.delenv(name, raising=False)
-    defaults = controller.transform_defaults_from_env()
+    defaults = settings.transform_defaults()
     assert (defaults.image_pull_policy, defaults.core_request) == ("IfNotPresent", "200m")
     monkeypatch.setenv("FIBERS_JOB_IMAGE_PULL_POLICY", "Never")
     monkeypatch.setenv("FIBERS_SPARK_CORE_REQUEST", "")
     monkeypatch.setenv("FIBERS_JOB_IMAGE", "")
-    defaults = controller.transform_defaults_from_env()
+    defaults = settings.transform_defaults()
     assert (defaults.image_pull_policy, defaults.core_request, defaults.image) == ("Never", None, Defaults.image)
     monkeypatch.setenv("FIBERS_JOB_IMAGE_PULL_POLICY", "Sometimes")
     with pytest.raises(ValueError, match="FIBERS_JOB_IMAGE_PULL_POLICY"):
-        controller.transform_defaults_from_env()
+        settings.transform_defaults()
 
 
 def test_kafka_jars_are_on_the_class_path_spark_submit_builds() -> None:

@@ -84,6 +84,11 @@ class Target:
     offsets_problem: str = ""  # why that annotation cannot be acted on
 
     @property
+    def context(self) -> dict[str, str]:
+        """The resource, as every log line about it names it."""
+        return {"namespace": self.namespace, "resource": self.name}
+
+    @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
 

@@ -14,109 +14,31 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
-from enum import StrEnum
+
+from fibers.databus import checkpoint_rules
+from fibers.databus.checkpoint_format import (
+    CATCHUP_INDEX,
+    CATCHUP_SOURCE,
+    INT_DEFAULTS,
+    MODE,
+    PREV_SCN,
+    SERVER_INFO,
+    SINCE_SCN,
+    SNAPSHOT_INDEX,
+    SNAPSHOT_OFFSET,
+    SNAPSHOT_SOURCE,
+    START_SCN,
+    TARGET_SCN,
+    TS_NSECS,
+    WINDOW_OFFSET,
+    WINDOW_SCN,
+    CheckpointError,
+    ConsumptionMode,
+    normalize,
+    reject_constant,
+)
 
 __all__ = ["Checkpoint", "CheckpointError", "ConsumptionMode"]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read, breaks an invariant, or cannot take the requested step.
-
-    Raised instead of falling back to a default position: silently restarting from "flexible" or
-    "latest" would skip or replay data without anyone noticing.
-    """
-
-
-class ConsumptionMode(StrEnum):
-    """The `consumption_mode` values of Databus (`DbusClientMode`)."""
-
-    INIT = "INIT"
-    BOOTSTRAP_SNAPSHOT = "BOOTSTRAP_SNAPSHOT"
-    BOOTSTRAP_CATCHUP = "BOOTSTRAP_CATCHUP"
-    ONLINE_CONSUMPTION = "ONLINE_CONSUMPTION"
-
-
-# JSON keys, spelled as the Databus client writes them.
-MODE = "consumption_mode"
-WINDOW_SCN = "windowScn"
-PREV_SCN = "prevScn"
-WINDOW_OFFSET = "windowOffset"
-SNAPSHOT_OFFSET = "snapshot_offset"
-TS_NSECS = "tsNsecs"
-SINCE_SCN = "bootstrap_since_scn"
-START_SCN = "bootstrap_start_scn"
-TARGET_SCN = "bootstrap_target_scn"
-SNAPSHOT_SOURCE = "snapshot_source"
-CATCHUP_SOURCE = "catchup_source"
-SNAPSHOT_INDEX = "bootstrap_snapshot_source_index"
-CATCHUP_INDEX = "bootstrap_catchup_source_index"
-SERVER_INFO = "bootstrap_server_info"
-
-# Integer fields and their value when absent (Databus `mapToInternalState` / `resetBootstrap`).
-_INT_DEFAULTS: dict[str, int] = {
-    WINDOW_SCN: -1,
-    PREV_SCN: -1,
-    WINDOW_OFFSET: -1,
-    SNAPSHOT_OFFSET: -1,
-    TS_NSECS: -1,
-    SINCE_SCN: -1,
-    START_SCN: -1,
-    TARGET_SCN: -1,
-    SNAPSHOT_INDEX: 0,
-    CATCHUP_INDEX: 0,
-}
-# Text fields that may also be null.
-_TEXT_FIELDS = frozenset({SNAPSHOT_SOURCE, CATCHUP_SOURCE, SERVER_INFO})
-
-_BOOTSTRAP_MODES = frozenset({ConsumptionMode.BOOTSTRAP_SNAPSHOT, ConsumptionMode.BOOTSTRAP_CATCHUP})
-
-
-def _reject_constant(name: str) -> object:
-    # Python's json accepts NaN/Infinity, which are not JSON and could not be written back.
-    raise CheckpointError(f"checkpoint is not valid JSON: {name} is not a JSON number")
-
-
-def _as_int(key: str, value: object) -> int:
-    """Read a whole number the way Databus does (`Number.longValue()`), also from numeric strings."""
-    if isinstance(value, bool):  # bool is an int subclass in Python, but true is no SCN
-        raise CheckpointError(f"checkpoint field {key!r} must be a number, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if value.is_integer():
-            return int(value)
-        raise CheckpointError(f"checkpoint field {key!r} must be a whole number, got {value!r}")
-    if isinstance(value, str):
-        try:
-            number = Decimal(value.strip())  # Decimal, not float: SCNs can exceed 2**53
-        except InvalidOperation:
-            raise CheckpointError(f"checkpoint field {key!r} must be a number, got {value!r}") from None
-        if not number.is_finite() or number != number.to_integral_value():
-            raise CheckpointError(f"checkpoint field {key!r} must be a whole number, got {value!r}")
-        return int(number)
-    raise CheckpointError(f"checkpoint field {key!r} must be a number, got {type(value).__name__} {value!r}")
-
-
-def _normalize(data: Mapping[str, object]) -> dict[str, object]:
-    """Copy the map, check the known fields' types and store integers as ints; other keys stay verbatim."""
-    try:
-        # A JSON round trip is both the deep copy and the proof that the map can be written back.
-        copied = json.loads(json.dumps(dict(data), allow_nan=False))
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint values must be plain JSON: {err}") from None
-    if not isinstance(copied, dict):  # pragma: no cover - dict(data) always dumps as an object
-        raise CheckpointError("checkpoint must be a JSON object")
-    for key, value in copied.items():
-        if key in _INT_DEFAULTS:
-            copied[key] = _as_int(key, value)
-        elif key == MODE:
-            if not isinstance(value, str) or value not in ConsumptionMode.__members__:
-                allowed = ", ".join(ConsumptionMode.__members__)
-                raise CheckpointError(f"checkpoint field {MODE!r} must be one of {allowed}; got {value!r}")
-        elif key in _TEXT_FIELDS and value is not None and not isinstance(value, str):
-            raise CheckpointError(f"checkpoint field {key!r} must be a string or null, got {value!r}")
-    return copied
 
 
 class Checkpoint:
@@ -130,7 +52,7 @@ class Checkpoint:
     __slots__ = ("_data",)
 
     def __init__(self, data: Mapping[str, object] | None = None) -> None:
-        self._data = _normalize(data or {})
+        self._data = normalize(data or {})
 
     # --- reading and writing -------------------------------------------------------------------
 
@@ -142,7 +64,7 @@ class Checkpoint:
         inspected; it does refuse anything it cannot represent faithfully.
         """
         try:
-            decoded = json.loads(text.lstrip("\ufeff").strip(), parse_constant=_reject_constant)
+            decoded = json.loads(text.lstrip("\ufeff").strip(), parse_constant=reject_constant)
         except CheckpointError:
             raise
         except ValueError as err:
@@ -178,7 +100,7 @@ class Checkpoint:
     # --- typed fields ------------------------------------------------------------------------
 
     def _int(self, key: str) -> int:
-        value = self._data.get(key, _INT_DEFAULTS[key])
+        value = self._data.get(key, INT_DEFAULTS[key])
         assert isinstance(value, int)  # guaranteed by _normalize
         return value
 
@@ -266,71 +188,8 @@ class Checkpoint:
 
     def validate(self) -> Checkpoint:
         """Check the Databus `assertCheckpoint` rules for the current mode; return self for chaining."""
-        mode = self.consumption_mode
-        if mode is ConsumptionMode.ONLINE_CONSUMPTION:
-            self._validate_online()
-        elif mode is ConsumptionMode.BOOTSTRAP_SNAPSHOT:
-            self._validate_snapshot()
-        elif mode is ConsumptionMode.BOOTSTRAP_CATCHUP:
-            self._validate_catchup()
-        return self  # INIT is an empty checkpoint: nothing to check
-
-    def _violated(self, rule: str, detail: str) -> CheckpointError:
-        return CheckpointError(f"invalid {self.consumption_mode} checkpoint: rule '{rule}' violated ({detail})")
-
-    def _validate_online(self) -> None:
-        if self.is_flexible:
-            return
-        scn, prev, offset = self.window_scn, self.prev_scn, self.window_offset
-        if scn < 0:
-            raise self._violated("windowScn >= 0 unless flexible", f"windowScn={scn}, tsNsecs={self.ts_nsecs}")
-        if offset < -1:
-            raise self._violated("windowOffset >= 0 or == -1", f"windowOffset={offset}")
-        if offset == -1 and prev not in (-1, scn):
-            raise self._violated(
-                "prevScn is -1 or windowScn when windowOffset == -1", f"prevScn={prev}, windowScn={scn}"
-            )
-        if prev > scn:
-            raise self._violated("prevScn <= windowScn", f"prevScn={prev}, windowScn={scn}")
-
-    def _validate_snapshot(self) -> None:
-        if self.bootstrap_catchup_source_index != 0:
-            raise self._violated("catchup index is 0", f"{CATCHUP_INDEX}={self.bootstrap_catchup_source_index}")
-        if self.bootstrap_since_scn < 0:
-            raise self._violated("since-SCN is set", f"{SINCE_SCN}={self.bootstrap_since_scn}")
-        if self.bootstrap_start_scn >= 0:
-            return
-        if self.bootstrap_snapshot_source_index != 0:
-            raise self._violated(
-                "snapshot index is 0 until start-SCN is set", f"{SNAPSHOT_INDEX}={self.bootstrap_snapshot_source_index}"
-            )
-        if self.snapshot_offset != 0:
-            raise self._violated(
-                "snapshot_offset is 0 until start-SCN is set", f"snapshot_offset={self.snapshot_offset}"
-            )
-        if self.bootstrap_target_scn >= 0:
-            raise self._violated(
-                "target-SCN is unset until start-SCN is set", f"{TARGET_SCN}={self.bootstrap_target_scn}"
-            )
-
-    def _validate_catchup(self) -> None:
-        since, start, target = self.bootstrap_since_scn, self.bootstrap_start_scn, self.bootstrap_target_scn
-        for rule, key, value in (
-            ("since-SCN is set", SINCE_SCN, since),
-            ("start-SCN is set", START_SCN, start),
-            ("target-SCN is set", TARGET_SCN, target),
-        ):
-            if value < 0:
-                raise self._violated(rule, f"{key}={value}")
-        if self.snapshot_offset != -1:
-            raise self._violated("snapshot_offset is -1", f"snapshot_offset={self.snapshot_offset}")
-        if target < start:
-            raise self._violated("target-SCN >= start-SCN", f"{TARGET_SCN}={target}, {START_SCN}={start}")
-        catchup, snapshot = self.bootstrap_catchup_source_index, self.bootstrap_snapshot_source_index
-        if not 0 <= catchup <= snapshot:
-            raise self._violated(
-                "0 <= catchup index <= snapshot index", f"{CATCHUP_INDEX}={catchup}, {SNAPSHOT_INDEX}={snapshot}"
-            )
+        checkpoint_rules.check(self)
+        return self
 
     # --- transitions -------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from fibers.databus.policy import MESSAGE_CHARS, READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS
+from fibers.databus.policy import READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS
 from fibers.databus.workload import METRICS_PORT
 from fibers.redact import redact, truncate
 
@@ -27,7 +27,7 @@ def exit_message(pods: list[dict[str, Any]]) -> str:
             if terminated and terminated.get("exitCode"):
                 # The consumer's termination message (or, with FallbackToLogsOnError, its log's tail).
                 message = (terminated.get("message") or "").strip() or f"exited with code {terminated['exitCode']}"
-                return truncate(redact(message, ()), MESSAGE_CHARS)
+                return truncate(redact(message, ()))
     return ""
 
 
@@ -65,4 +65,4 @@ async def unready_reasons(pods: list[dict[str, Any]], owner_uid: str, port: int 
         for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
             if (ip := _running_unready(pod, owner_uid)) and (said := await _ask(client, ip, port)):
                 reasons.append(f"{pod['metadata']['name']}: {said}")
-    return truncate(redact("; ".join(reasons), ()), MESSAGE_CHARS)
+    return truncate(redact("; ".join(reasons), ()))

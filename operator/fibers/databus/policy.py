@@ -13,9 +13,6 @@ from typing import Final
 READY_ASK_TIMEOUT_SECONDS: Final = 2.0
 READY_ANSWER_BYTES: Final = 512
 
-# Of an instance's own message (its exit, its reason for not being ready), what the condition keeps.
-MESSAGE_CHARS: Final = 1024
-
 # A seek stops every instance before it drops the checkpoints: it waits this long for their pods to go
 # (their grace period is 30 s, and a stopping consumer writes its last checkpoint within it).
 SEEK_STOP_WAIT_SECONDS: Final = 60.0

@@ -14,12 +14,12 @@ from typing import Any
 
 from fibers import conditions, metrics, podpolicy, upstream
 from fibers.api import object_ref
-from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, utcnow
+from fibers.conditions import READY, Condition, format_time, utcnow
 from fibers.databus import instances, owners, stats, workload
 from fibers.databus.checkpoint import CheckpointError
 from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
-from fibers.databus.policy import MESSAGE_CHARS, SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
+from fibers.databus.policy import SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
 from fibers.databus.timelines import STOPPED_ANNOTATION, Checkpoints, progressed
 from fibers.databus.workload import PLURAL
 from fibers.kube import Kube
@@ -331,7 +331,7 @@ def stopped_instances(annotations: dict[str, str], instances: int) -> str:
     for key, value in sorted(annotations.items()):
         ordinal = key.removeprefix(STOPPED_ANNOTATION)
         if key.startswith(STOPPED_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances and value:
-            return truncate(redact(value, ()), MESSAGE_CHARS)
+            return truncate(redact(value, ()))
     return ""
 
 
@@ -347,37 +347,30 @@ def _conditions(
     conflict: str = "",
     unready: str = "",
 ) -> tuple[list[Condition], str]:
-    def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
-        return [
-            Condition(READY, ready, reason, message),
-            Condition(RECONCILING, reconciling, reason, message),
-            Condition(STALLED, stalled, reason, message),
-        ]
-
     if problem:
-        return cond(False, False, True, "InvalidSpec", problem), "Failed"
+        return conditions.stalled("InvalidSpec", problem), "Failed"
     if conflict:
-        return cond(False, False, True, "Conflict", conflict), "Failed"
+        return conditions.stalled("Conflict", conflict), "Failed"
     if invalid:
-        return cond(False, False, True, "CheckpointInvalid", invalid), "Failed"
+        return conditions.stalled("CheckpointInvalid", invalid), "Failed"
     if waiting:
-        return cond(False, True, False, "SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
+        return conditions.waiting("SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
     if spec.get("state") == "stopped":
-        return cond(True, False, False, "Stopped", "no instance runs; checkpoints are kept"), "Stopped"
+        return conditions.ready("Stopped", "no instance runs; checkpoints are kept"), "Stopped"
     if failure:
         reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
         verb = "stopped and waits to be replaced" if halted else "exited"
-        return cond(False, True, False, reason, f"an instance {verb}: {failure}"), "Failed"
+        return conditions.waiting(reason, f"an instance {verb}: {failure}"), "Failed"
     wanted = int(spec.get("instances", 1))
     if unready:  # running, but held up (the API server does not take its checkpoints): it says why
-        return cond(
-            False, True, False, "InstancesWaiting", f"{status['readyInstances']}/{wanted} instances ready; {unready}"
+        return conditions.waiting(
+            "InstancesWaiting", f"{status['readyInstances']}/{wanted} instances ready; {unready}"
         ), "Pending"
     mode = status.get("consumptionMode", "INIT")
     if mode.startswith("BOOTSTRAP"):
-        return cond(False, True, False, "Bootstrapping", f"bootstrapping ({mode})"), "Bootstrapping"
+        return conditions.waiting("Bootstrapping", f"bootstrapping ({mode})"), "Bootstrapping"
     if status["readyInstances"] < wanted:
-        return cond(False, True, False, "Starting", f"{status['readyInstances']}/{wanted} instances ready"), "Pending"
+        return conditions.waiting("Starting", f"{status['readyInstances']}/{wanted} instances ready"), "Pending"
     if "consumptionMode" not in status:  # nothing consumed yet (a quiet source), or not checkpointed yet
-        return cond(True, False, False, "Consuming", f"{wanted} instance(s) running; no checkpoint yet"), "Running"
-    return cond(True, False, False, "Consuming", f"{wanted} instance(s) consuming online"), "Running"
+        return conditions.ready("Consuming", f"{wanted} instance(s) running; no checkpoint yet"), "Running"
+    return conditions.ready("Consuming", f"{wanted} instance(s) consuming online"), "Running"

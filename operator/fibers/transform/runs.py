@@ -17,7 +17,7 @@ from typing import Any
 from croniter import croniter
 
 from fibers import conditions
-from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time, with_upstream_note
+from fibers.conditions import Condition, format_time, parse_time, with_upstream_note
 from fibers.transform.sparkapp import (
     FAILING,
     FINISHED_FAILED,
@@ -321,45 +321,36 @@ def report(
 def _conditions(
     view: TransformView, run: dict[str, Any], state: str, waiting: str, now: datetime
 ) -> tuple[list[Condition], str]:
-    def cond(ready: bool, reconciling: bool, stalled: bool, reason: str, message: str) -> list[Condition]:
-        return [
-            Condition(READY, ready, reason, message),
-            Condition(RECONCILING, reconciling, reason, message),
-            Condition(STALLED, stalled, reason, message),
-        ]
-
     if view.suspended:
-        return cond(True, False, False, "Suspended", "suspended: no run is active"), "Suspended"
+        return conditions.ready("Suspended", "suspended: no run is active"), "Suspended"
     if waiting:
-        return cond(False, True, False, "InputsNotReady", waiting), "Pending"
+        return conditions.waiting("InputsNotReady", waiting), "Pending"
     if not run:
         if view.spec.get("schedule"):
-            return cond(
-                True, False, False, "Scheduled", f"waiting for the schedule {view.spec['schedule']}"
-            ), "Scheduled"
-        return cond(False, True, False, "Submitting", "creating the first run"), "Pending"
+            return conditions.ready("Scheduled", f"waiting for the schedule {view.spec['schedule']}"), "Scheduled"
+        return conditions.waiting("Submitting", "creating the first run"), "Pending"
     name = run.get("name", "")
     if run.get("errorMessage") and state == DEADLINE:
-        return cond(False, False, True, DEADLINE, run["errorMessage"]), "Failed"
+        return conditions.stalled(DEADLINE, run["errorMessage"]), "Failed"
     if state in FINISHED_FAILED:
         message = f"run {name} failed: {run.get('errorMessage') or 'no message from Spark'}"
-        return cond(False, False, True, "RunFailed", message), "Failed"
+        return conditions.stalled("RunFailed", message), "Failed"
     if state in FAILING:
         # Not final: the Spark Operator retries (streaming runs) or marks it FAILED at its next look.
         what = "could not be submitted" if state == "SUBMISSION_FAILED" else "is failing"
         message = f"run {name} {what}: {run.get('errorMessage') or 'no message from Spark'}"
-        return cond(False, True, False, "RunFailing", message), "Running" if state == "FAILING" else "Pending"
+        return conditions.waiting("RunFailing", message), "Running" if state == "FAILING" else "Pending"
     if state in FINISHED_OK:
         if view.streaming:
-            return cond(False, False, True, "StreamEnded", f"streaming run {name} ended"), "Failed"
+            return conditions.stalled("StreamEnded", f"streaming run {name} ended"), "Failed"
         back = f", {run['streamedBack']} streamed back" if "streamedBack" in run else ""
         records = f": {run['recordsOut']} records{back}" if "recordsOut" in run else ""
-        return cond(True, False, False, "Succeeded", f"run {name} completed{records}"), "Succeeded"
+        return conditions.ready("Succeeded", f"run {name} completed{records}"), "Succeeded"
     if state in RUNNING:
         executors = _executors_text(run)
         if view.streaming:
-            return cond(True, False, False, "Running", f"streaming run {name} is running{executors}"), "Running"
-        return cond(False, True, False, "Running", f"run {name} is running{executors}"), "Running"
+            return conditions.ready("Running", f"streaming run {name} is running{executors}"), "Running"
+        return conditions.waiting("Running", f"run {name} is running{executors}"), "Running"
     submitted = run.get("submittedAt")
     if state == NEW and submitted and now - parse_time(submitted) > UNTOUCHED_AFTER:
         namespace = view.body["metadata"].get("namespace", "")
@@ -368,14 +359,14 @@ def _conditions(
             f"{int(UNTOUCHED_AFTER.total_seconds())}s; is namespace {namespace} one of its job namespaces "
             "(the Spark Operator chart's spark.jobNamespaces)?"
         )
-        return cond(False, False, True, NOT_TAKEN_UP, message), "Pending"
+        return conditions.stalled(NOT_TAKEN_UP, message), "Pending"
     pending = {
         NEW: f"run {name} created, waiting for the Spark Operator to submit it",
         "PENDING_RERUN": f"run {name} failed and is submitted again (attempt {int(run.get('attempts', 0)) + 1})",
         "UNKNOWN": f"run {name}: the state of its driver pod is unknown",
     }
     message = pending.get(state, f"run {name} submitted, waiting for its driver")
-    return cond(False, True, False, "Submitted", message), "Pending"
+    return conditions.waiting("Submitted", message), "Pending"
 
 
 def _executors_text(run: dict[str, Any]) -> str:
