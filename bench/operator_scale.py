@@ -38,7 +38,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client, config
 
 from bench.machine import Run, cpu_seconds, operator_process, rss_mib, say, wait
-from fibers.databus.reconciler import instance_stats
+from fibers.databus.stats import instance_stats
 from fibers_stack import StackInfo, audit, crds, namespaces
 
 GROUP, VERSION = "fibers.dev", "v1alpha1"
@@ -112,7 +112,7 @@ def reactions(info: StackInfo, api: client.ApiClient, namespace: str, topic: str
 
     def checkpointed() -> bool:
         cm = core.read_namespaced_config_map(consumer_status()["checkpointConfigMap"], namespace)
-        stats = instance_stats(dict(cm.metadata.annotations or {}), 1)
+        stats, _ = instance_stats(dict(cm.metadata.annotations or {}), 1)
         return sum(int(s.get("eventsProcessed") or 0) for s in stats) >= 20
 
     in_configmap = _first(checkpointed, 120, "the checkpoint of 20 records")

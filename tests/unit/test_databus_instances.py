@@ -9,7 +9,7 @@ from typing import Any
 
 from fibers.consumer.telemetry import Snapshot, Telemetry
 from fibers.databus import instances
-from fibers.databus.reconciler import _conditions
+from fibers.databus.report import decide
 
 STS_UID = "sts-uid"
 
@@ -91,7 +91,7 @@ def test_the_exit_message_of_an_instance_not_running_again_is_kept_and_redacted(
 def test_a_waiting_instance_is_the_consumers_condition() -> None:
     status = {"readyInstances": 1, "consumptionMode": "ONLINE_CONSUMPTION"}
     said = "orders-1: waiting for the API server to take its checkpoints since 2026-11-27T02:00:00Z"
-    conds, phase = _conditions({"instances": 2}, status, "", "", "", "", unready=said)
+    conds, phase = decide({"instances": 2}, status, "", "", "", "", unready=said)
     assert phase == "Pending"
     assert (conds[0].status, conds[0].reason) == (False, "InstancesWaiting")
     assert conds[0].message == f"1/2 instances ready; {said}"

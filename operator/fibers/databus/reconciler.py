@@ -10,28 +10,62 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from fibers import conditions, metrics, podpolicy, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, Condition, format_time, utcnow
-from fibers.databus import instances, owners, stats, workload
+from fibers.databus import instances, owners, report, stats, workload
 from fibers.databus.checkpoint import CheckpointError
 from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.policy import SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
-from fibers.databus.timelines import STOPPED_ANNOTATION, Checkpoints, progressed
+from fibers.databus.timelines import Checkpoints
 from fibers.databus.workload import PLURAL
 from fibers.kube import Kube
 from fibers.kubeapi import path
 from fibers.podpolicy import PodPolicy
 from fibers.reconciles import Again
-from fibers.redact import redact, truncate
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
 
 log = logging.getLogger("fibers.databus.operator")
-MODE_ORDER = ["INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION"]
+
+
+@dataclass
+class Pass:
+    """One reconcile of one consumer: the resource, and what each step found for the steps after it."""
+
+    body: dict[str, Any]
+    status: dict[str, Any]  # as read, with the nonces this reconcile carried out
+    existing: dict[str, Any] | None = None  # its StatefulSet (None: none, or another's)
+    cm: dict[str, Any] | None = None  # its checkpoint ConfigMap (None: none, or another's)
+    conflict: str = ""  # a StatefulSet, ConfigMap or Lease of its names that is another's
+    start: str | None = None  # the position of a seek under way (spec.seek.to)
+    health: Condition = field(default_factory=lambda: upstream.condition([], ""))  # UpstreamReady
+    topics: list[str] = field(default_factory=list)
+    waiting: str = ""  # what its sourceRefs still lack
+    producers: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → the resource writing it
+    problem: str = ""  # why the spec cannot run (InvalidSpec)
+    manifest: dict[str, Any] | None = None  # the StatefulSet wanted
+    new_status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return dict(self.body["spec"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def context(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "resource": self.name}
 
 
 class DatabusReconciler:
@@ -80,98 +114,111 @@ class DatabusReconciler:
             raise ValueError(f"spec.relay.avro: {exc}") from None
 
     async def _reconcile(self, body: dict[str, Any]) -> Again:
-        meta, spec = body["metadata"], body["spec"]
-        namespace, name = meta["namespace"], meta["name"]
-        status = dict(body.get("status") or {})
-        ctx = {"namespace": namespace, "resource": name}
-        sts_url = path("apps/v1", "statefulsets", namespace, name)
-        existing = await self.kube.read(sts_url)
-        cm = await self.kube.read(path("v1", "configmaps", namespace, workload.checkpoint_config_map(body)))
+        """The steps, in order; each reads what the ones before found (`Pass`)."""
+        p = Pass(body, dict(body.get("status") or {}))
+        for step in (
+            self._read_children,  # its StatefulSet and checkpoint ConfigMap, unless another's (Conflict)
+            self._seek,  # a new spec.seek: stop every instance, drop the checkpoints
+            self._resolve_sources,  # sourceRefs → topics (UpstreamReady); a planted Lease (Conflict)
+            self._render,  # the configuration and StatefulSet, checked before anything is touched
+            self._apply_workload,  # create or patch the StatefulSet
+            self._observe,  # the status: checkpoints, figures, what the instances say of themselves
+            self._publish,  # metrics, the status when it changed, an Event on a phase change
+        ):
+            await step(p)
+        # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
+        # Everything else it reads (children, sourceRefs) brings it back when it changes.
+        return Again(waiting=bool(p.problem or p.conflict))
+
+    async def _read_children(self, p: Pass) -> None:
+        p.existing = await self.kube.read(path("apps/v1", "statefulsets", p.namespace, p.name))
+        p.cm = await self.kube.read(path("v1", "configmaps", p.namespace, workload.checkpoint_config_map(p.body)))
         # A ConfigMap or StatefulSet of those names that is not this consumer's is never read, changed or
         # deleted: nothing starts, and no seek runs, until the name is changed (`owners`).
-        conflict = owners.foreign_workload(existing, name) or owners.foreign_checkpoint(cm, name)
-        if conflict:
-            existing, cm = None, None  # nothing of them is acted on, or shown as this consumer's
+        p.conflict = owners.foreign_workload(p.existing, p.name) or owners.foreign_checkpoint(p.cm, p.name)
+        if p.conflict:
+            p.existing, p.cm = None, None  # nothing of them is acted on, or shown as this consumer's
 
-        seek = spec.get("seek")
-        if seek and seek["nonce"] != status.get("lastSeekNonce") and not conflict:
-            await self._seek(body, seek, ctx)
-            status["lastSeekNonce"] = seek["nonce"]
-            await self.kube.replace_status(PLURAL, namespace, name, status, body.get("status") or {})
-            body["status"] = dict(status)
-            existing = cm = None
-        start = seek["to"] if seek and seek["nonce"] == status.get("lastSeekNonce") else None
+    async def _seek(self, p: Pass) -> None:
+        seek = p.spec.get("seek")
+        if seek and seek["nonce"] != p.status.get("lastSeekNonce") and not p.conflict:
+            await self._stop_and_drop_checkpoints(p.body, seek, p.context)
+            p.status["lastSeekNonce"] = seek["nonce"]
+            await self.kube.replace_status(PLURAL, p.namespace, p.name, p.status, p.body.get("status") or {})
+            p.body["status"] = dict(p.status)
+            p.existing = p.cm = None
+        p.start = seek["to"] if seek and seek["nonce"] == p.status.get("lastSeekNonce") else None
 
-        # What sourceRefs point at, read now: their topics, and whether they are healthy.
-        refs = upstream.refs_in(spec.get("sourceRefs") or [], "spec.sourceRefs")
-        self.dependents.note((workload.KIND, namespace, name), refs)
-        upstreams = await upstream.resolve(self.kube.get_object, namespace, refs)
-        health = upstream.condition(upstreams, namespace)
-        if event := upstream.transition(status.get("conditions"), health):
-            self._post(body, *event)
-        pinned = status.get("sources") if upstreams and status.get("timelines") else None
-        topics, waiting, moved = workload.consumed_topics(spec, upstreams, pinned, namespace)
-        producers = workload.producers(upstreams, namespace)
-        if topics and not (waiting or conflict):
-            conflict = await self._foreign_lease(namespace, name, topics)
-        if moved and (namespace, name, moved) not in self._told:
-            self._told.add((namespace, name, moved))
+    async def _resolve_sources(self, p: Pass) -> None:
+        """What sourceRefs point at, read now: their topics, and whether they are healthy."""
+        refs = upstream.refs_in(p.spec.get("sourceRefs") or [], "spec.sourceRefs")
+        self.dependents.note((workload.KIND, p.namespace, p.name), refs)
+        upstreams = await upstream.resolve(self.kube.get_object, p.namespace, refs)
+        p.health = upstream.condition(upstreams, p.namespace)
+        if event := upstream.transition(p.status.get("conditions"), p.health):
+            self._post(p.body, *event)
+        pinned = p.status.get("sources") if upstreams and p.status.get("timelines") else None
+        p.topics, p.waiting, moved = workload.consumed_topics(p.spec, upstreams, pinned, p.namespace)
+        p.producers = workload.producers(upstreams, p.namespace)
+        if p.topics and not (p.waiting or p.conflict):
+            p.conflict = await self._foreign_lease(p.namespace, p.name, p.topics)
+        if moved and (p.namespace, p.name, moved) not in self._told:
+            self._told.add((p.namespace, p.name, moved))
             self._post(
-                body,
+                p.body,
                 "UpstreamTopicsChanged",
                 f"{moved}: its checkpoints are for those; create a new consumer to follow the new topics",
                 False,
             )
 
-        # The configuration is rendered and checked before anything is touched: a spec that cannot
-        # run creates nothing and stops nothing (a running consumer keeps running), and neither does
-        # one whose topics are not known yet.
-        problem = ""
-        manifest: dict[str, Any] | None = None
+    async def _render(self, p: Pass) -> None:
+        """The configuration is rendered and checked before anything is touched: a spec that cannot run
+        creates nothing and stops nothing (a running consumer keeps running), and neither does one whose
+        topics are not known yet."""
         try:
             refused = self.policy.problems(
-                image=("spec.image", spec.get("image")),
-                service_account=("spec.serviceAccount", spec.get("serviceAccount")),
+                image=("spec.image", p.spec.get("image")),
+                service_account=("spec.serviceAccount", p.spec.get("serviceAccount")),
             )
             if refused:
                 raise ValueError("; ".join(refused))
-            registry_url = await self._registry_url(namespace, spec)
-            if not waiting:
+            registry_url = await self._registry_url(p.namespace, p.spec)
+            if not p.waiting:
                 config = workload.render_config(
-                    body,
-                    topics=topics,
-                    producers=producers,
+                    p.body,
+                    topics=p.topics,
+                    producers=p.producers,
                     kafka_bootstrap=self.kafka_bootstrap,
-                    start_position=start,
+                    start_position=p.start,
                     registry_url=registry_url,
                     lineage=self.lineage,
                 )
                 ConsumerConfig.from_dict(config).check()  # what the pod would refuse, answered here
-                manifest = workload.statefulset(
-                    body,
+                p.manifest = workload.statefulset(
+                    p.body,
                     config=config,
                     image=self.image,
                     image_pull_policy=self.image_pull_policy,
                     service_account=self.service_account,
                 )
         except ValueError as exc:
-            problem = str(exc)
-        if manifest is not None and not (problem or conflict):
-            await self._apply(manifest, existing, ctx)
-        if spec.get("restartNonce"):
-            status["lastRestartNonce"] = spec["restartNonce"]
+            p.problem = str(exc)
 
-        new_status = await self._observe(body, status, problem, waiting, topics, health, existing, cm, conflict)
+    async def _apply_workload(self, p: Pass) -> None:
+        if p.manifest is not None and not (p.problem or p.conflict):
+            await self._apply(p.manifest, p.existing, p.context)
+        if p.spec.get("restartNonce"):
+            p.status["lastRestartNonce"] = p.spec["restartNonce"]
+
+    async def _publish(self, p: Pass) -> None:
+        new_status = p.new_status
         if "lag" in new_status:
-            metrics.CONSUMER_LAG.labels(namespace, name).set(new_status["lag"])
-            metrics.CONSUMER_EVENTS.labels(namespace, name).set(new_status.get("eventsProcessed", 0))
-        metrics.consumer_sinks(namespace, name, new_status.get("sinks") or [])
-        if new_status != body.get("status"):
-            await self.kube.replace_status(PLURAL, namespace, name, new_status, body.get("status") or {})
-            self._announce(body, status, new_status)
-        # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
-        # Everything else it reads (children, sourceRefs) brings it back when it changes.
-        return Again(waiting=bool(problem or conflict))
+            metrics.CONSUMER_LAG.labels(p.namespace, p.name).set(new_status["lag"])
+            metrics.CONSUMER_EVENTS.labels(p.namespace, p.name).set(new_status.get("eventsProcessed", 0))
+        metrics.consumer_sinks(p.namespace, p.name, new_status.get("sinks") or [])
+        if new_status != p.body.get("status"):
+            await self.kube.replace_status(PLURAL, p.namespace, p.name, new_status, p.body.get("status") or {})
+            self._announce(p.body, p.status, new_status)
 
     def _announce(self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
         """An Event and a log line when the phase changes (Running, Bootstrapping, Failed, …)."""
@@ -214,7 +261,7 @@ class DatabusReconciler:
             )
             log.info("instances updated", extra={**ctx, "replicas": manifest["spec"]["replicas"]})
 
-    async def _seek(self, body: dict[str, Any], seek: dict[str, Any], ctx: dict[str, Any]) -> None:
+    async def _stop_and_drop_checkpoints(self, body: dict[str, Any], seek: dict[str, Any], ctx: dict[str, Any]) -> None:
         """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
@@ -244,24 +291,13 @@ class DatabusReconciler:
             return
         await self.kube.delete(url, uid=cm["metadata"]["uid"])
 
-    async def _observe(
-        self,
-        body: dict[str, Any],
-        status: dict[str, Any],
-        problem: str,
-        waiting: str,
-        topics: list[str],
-        health: Condition,
-        sts: dict[str, Any] | None,
-        cm: dict[str, Any] | None,
-        conflict: str,
-    ) -> dict[str, Any]:
+    async def _observe(self, p: Pass) -> None:
         """The status: the checkpoints, the figures the instances recorded, and the StatefulSet's ready pods
         (as read at the start of this reconcile: the next one sees what this one changed)."""
-        meta, spec = body["metadata"], body["spec"]
-        namespace, name = meta["namespace"], meta["name"]
-        generation = int(meta.get("generation", 0))
-        cm_name = workload.checkpoint_config_map(body)
+        spec, status, topics, waiting, cm, sts = p.spec, p.status, p.topics, p.waiting, p.cm, p.existing
+        namespace, name = p.namespace, p.name
+        generation = int(p.body["metadata"].get("generation", 0))
+        cm_name = workload.checkpoint_config_map(p.body)
         new: dict[str, Any] = {k: v for k, v in status.items() if k in ("lastRestartNonce", "lastSeekNonce")}
         new.update(observedGeneration=generation, checkpointConfigMap=cm_name)
         if topics and not waiting:
@@ -277,27 +313,27 @@ class DatabusReconciler:
                 invalid = f"checkpoint ConfigMap {cm_name} cannot be used: {exc}"
             else:
                 annotations = cm["metadata"].get("annotations") or {}
-                _mirror_checkpoints(new, checkpoints)
+                report.mirror_checkpoints(new, checkpoints)
                 figures, skipped = stats.instance_stats(annotations, int(spec.get("instances", 1)))
                 self._say_skipped(namespace, name, skipped)
                 stats.mirror(new, figures, [sink_name(sink) for _, sink in sink_specs(spec)])
 
         new["readyInstances"] = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
         cm_annotations = (cm or {}).get("metadata", {}).get("annotations") or {}
-        stopped = stopped_instances(cm_annotations, int(spec.get("instances", 1)))
+        stopped = report.stopped_instances(cm_annotations, int(spec.get("instances", 1)))
         pods = await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
         failure = stopped or instances.exit_message(pods)
         unready = ""
         if sts and not failure and new["readyInstances"] < int(spec.get("instances", 1)):
             unready = await instances.unready_reasons(pods, sts["metadata"]["uid"])
 
-        conds, phase = _conditions(
-            spec, new, problem, invalid, failure, waiting, halted=bool(stopped), conflict=conflict, unready=unready
+        conds, phase = report.decide(
+            spec, new, p.problem, invalid, failure, waiting, halted=bool(stopped), conflict=p.conflict, unready=unready
         )
-        conds = [*conditions.with_upstream_note(conds, health), health]
+        conds = [*conditions.with_upstream_note(conds, p.health), p.health]
         new["phase"] = phase
         new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
-        return new
+        p.new_status = new
 
     def forget(self, namespace: str, name: str) -> None:
         """A deleted consumer: what was said about it once may be said again of a new one of its name."""
@@ -310,67 +346,3 @@ class DatabusReconciler:
             if (namespace, name, what) not in self._skipped:
                 self._skipped.add((namespace, name, what))
                 log.warning("instance figures ignored: %s", what, extra={"namespace": namespace, "resource": name})
-
-
-def _mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints) -> None:
-    progress = progressed(checkpoints.values())
-    if progress:  # INIT alone: nothing consumed yet
-        status["consumptionMode"] = min((cp.consumption_mode.value for cp in progress), key=MODE_ORDER.index)
-        status["windowScn"] = min(cp.window_scn for cp in progress)
-        status["prevScn"] = min(cp.prev_scn for cp in progress)
-    if len(checkpoints):
-        status["timelines"] = len(checkpoints)
-
-
-def stopped_instances(annotations: dict[str, str], instances: int) -> str:
-    """Why an instance stopped for good and waits to be replaced (the first current one), or "".
-
-    A consumer pod that cannot go on says so on its checkpoint ConfigMap and waits, rather than exit and
-    be restarted into the same failure (a crash loop); the pods that replace it clear it when they start.
-    """
-    for key, value in sorted(annotations.items()):
-        ordinal = key.removeprefix(STOPPED_ANNOTATION)
-        if key.startswith(STOPPED_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances and value:
-            return truncate(redact(value, ()))
-    return ""
-
-
-def _conditions(
-    spec: dict[str, Any],
-    status: dict[str, Any],
-    problem: str,
-    invalid: str,
-    failure: str,
-    waiting: str,
-    *,
-    halted: bool = False,
-    conflict: str = "",
-    unready: str = "",
-) -> tuple[list[Condition], str]:
-    if problem:
-        return conditions.stalled("InvalidSpec", problem), "Failed"
-    if conflict:
-        return conditions.stalled("Conflict", conflict), "Failed"
-    if invalid:
-        return conditions.stalled("CheckpointInvalid", invalid), "Failed"
-    if waiting:
-        return conditions.waiting("SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
-    if spec.get("state") == "stopped":
-        return conditions.ready("Stopped", "no instance runs; checkpoints are kept"), "Stopped"
-    if failure:
-        reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
-        verb = "stopped and waits to be replaced" if halted else "exited"
-        return conditions.waiting(reason, f"an instance {verb}: {failure}"), "Failed"
-    wanted = int(spec.get("instances", 1))
-    if unready:  # running, but held up (the API server does not take its checkpoints): it says why
-        return conditions.waiting(
-            "InstancesWaiting", f"{status['readyInstances']}/{wanted} instances ready; {unready}"
-        ), "Pending"
-    mode = status.get("consumptionMode", "INIT")
-    if mode.startswith("BOOTSTRAP"):
-        return conditions.waiting("Bootstrapping", f"bootstrapping ({mode})"), "Bootstrapping"
-    if status["readyInstances"] < wanted:
-        return conditions.waiting("Starting", f"{status['readyInstances']}/{wanted} instances ready"), "Pending"
-    if "consumptionMode" not in status:  # nothing consumed yet (a quiet source), or not checkpointed yet
-        return conditions.ready("Consuming", f"{wanted} instance(s) running; no checkpoint yet"), "Running"
-    return conditions.ready("Consuming", f"{wanted} instance(s) consuming online"), "Running"
