@@ -113,7 +113,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     reconciles.register(DATABUS_KIND, memo.databus.reconcile)
     memo.reconciles_task = asyncio.create_task(reconciles.run(), name="reconciles")
     # The children each kind creates, watched by label: a change is a reason to look at their owner.
-    memo.watches = ChildWatches(kube.api, Scope(config.namespaces))
+    retry = (config.pacing.retry_min, config.pacing.retry_max)
+    memo.watches = ChildWatches(kube.api, Scope(config.namespaces), retry)
     pacing = reconciles.pacing
     for kind, children, delay in (
         (DATABUS_KIND, DATABUS_CHILDREN, pacing.child_delay),

@@ -20,6 +20,9 @@ from fibers.api import API_VERSION
 from fibers.kubeapi import Api, ApiError, Unreachable, path
 
 log = logging.getLogger("fibers.kube")
+# A finalizer is removed by its position, tested first: a concurrent change to the list fails the test,
+# and the removal is tried again on the list as it is now, this many times in all.
+FINALIZER_PATCH_TRIES = 5
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +229,7 @@ class Kube:
 
     async def remove_finalizer(self, plural: str, namespace: str, name: str, finalizer: str) -> None:
         """Remove one finalizer, by position and only if it is still there, so no other is touched."""
-        for _ in range(5):
+        for _ in range(FINALIZER_PATCH_TRIES):
             body = await self.get_object(plural, namespace, name)
             finalizers = (body or {}).get("metadata", {}).get("finalizers") or []
             if finalizer not in finalizers:

@@ -28,8 +28,6 @@ from fibers.logs import Repeats
 
 log = logging.getLogger("fibers.watches")
 
-RETRY_MIN_SECONDS = 1.0  # a watch that failed (API server away, CRD missing) is tried again after this…
-RETRY_MAX_SECONDS = 60.0  # …doubling up to this
 LOG_EVERY_SECONDS = 600.0  # an unchanged failure is logged again this often (once when it starts)
 
 OnOwner = Callable[[str, str], None]  # (namespace, owner name): called in the event loop's thread
@@ -89,9 +87,13 @@ class ChildWatch:
         scope: Scope,
         on_owner: OnOwner,
         loop: asyncio.AbstractEventLoop,
+        retry: tuple[float, float],
     ) -> None:
         self.api, self.child, self.namespace, self.scope = api, child, namespace, scope
         self.on_owner, self.loop = on_owner, loop
+        # A watch that failed (API server away, CRD missing) is tried again after retry[0] s, doubling up
+        # to retry[1]: the reconcile queue's own pace (`Pacing.retry_min`, `retry_max`).
+        self.retry_min, self.retry_max = retry
         self._stop = threading.Event()
         self._failures = Repeats(LOG_EVERY_SECONDS)
         self._thread = threading.Thread(target=self._run, name=f"watch-{child.plural}", daemon=True)
@@ -112,7 +114,7 @@ class ChildWatch:
     def _run(self) -> None:
         url = path(self.child.api, self.child.plural, self.namespace)
         where = {"watch": str(self.child), "namespace": self.namespace or "*"}
-        delay, relist = RETRY_MIN_SECONDS, False
+        delay, relist = self.retry_min, False
         while not self._stop.is_set():
             try:
                 listing = self.api.get(url, labelSelector=self.child.label)
@@ -122,7 +124,7 @@ class ChildWatch:
                         self._notify(item)
                 if self._failures.ended("watch"):
                     log.info("watch running again", extra=where)
-                delay, relist = RETRY_MIN_SECONDS, True
+                delay, relist = self.retry_min, True
                 while not self._stop.is_set():
                     version = self._follow(url, version)
             except _Expired:
@@ -132,7 +134,7 @@ class ChildWatch:
                 if self._failures.due("watch", message):
                     log.warning("watch failed; retrying", extra={**where, "error": message, "retry_seconds": delay})
                 self._stop.wait(delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                delay = min(delay * 2, self.retry_max)
 
     def _follow(self, url: str, version: str) -> str:
         """One watch request, until the server ends it: the last version seen."""
@@ -153,14 +155,14 @@ class ChildWatch:
 class ChildWatches:
     """Every child watch of the operator: started together, stopped together."""
 
-    def __init__(self, api: Api, scope: Scope) -> None:
-        self.api, self.scope = api, scope
+    def __init__(self, api: Api, scope: Scope, retry: tuple[float, float]) -> None:
+        self.api, self.scope, self.retry = api, scope, retry
         self.watches: list[ChildWatch] = []
 
     def add(self, child: Child, on_owner: OnOwner) -> None:
         loop = asyncio.get_running_loop()
         for namespace in self.scope.namespaces:
-            watch = ChildWatch(self.api, child, namespace, self.scope, on_owner, loop)
+            watch = ChildWatch(self.api, child, namespace, self.scope, on_owner, loop, self.retry)
             self.watches.append(watch)
             watch.start()
 

@@ -28,12 +28,18 @@ from typing import Any
 
 from fibers import failpoints
 from fibers.conditions import utcnow
-from fibers.consumer.tuning import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
+from fibers.consumer.tuning import (
+    LEASE_DURATION_SECONDS,
+    LEASE_RENEW_DEADLINE_SECONDS,
+    LEASE_RENEW_SECONDS,
+    LEASE_THREAD_JOIN_SECONDS,
+)
 from fibers.databus import owners
 from fibers.databus.timelines import timeline_key
 from fibers.kubeapi import Api, ApiError, Unreachable, path
 
 log = logging.getLogger("fibers.consumer.ownership")
+LEASE_WRITE_TRIES = 2  # a write that met a conflict is tried once more on the Lease as the server has it
 
 
 def wanted(partitions: Iterable[int], replicas: int, ordinal: int) -> list[int]:
@@ -215,7 +221,7 @@ class Leases:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=LEASE_THREAD_JOIN_SECONDS)
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(LEASE_RENEW_SECONDS):
@@ -247,7 +253,7 @@ class Leases:
         call; after a conflict, as the server has it. None when another holder has it now."""
         url = path("coordination.k8s.io/v1", "leases", self.namespace, lease.name)
         current = lease.record
-        for attempt in range(2):
+        for attempt in range(LEASE_WRITE_TRIES):
             spec = current.get("spec") or {}
             transitions = int(spec.get("leaseTransitions") or 0)
             if spec.get("holderIdentity") != self.holder or transitions != lease.transitions:

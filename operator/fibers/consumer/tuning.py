@@ -78,6 +78,8 @@ def settle_collector() -> None:
 LEASE_DURATION_SECONDS: Final = 10.0
 LEASE_RENEW_SECONDS: Final = 2.0
 LEASE_RENEW_DEADLINE_SECONDS: Final = 6.0
+# A stopping instance waits this long for its renewal thread, which is at most one API call from its end.
+LEASE_THREAD_JOIN_SECONDS: Final = 5.0
 
 # The API server away (a restart, throttling with 429): checkpoint reads and writes are tried again after
 # a backoff that starts at API_RETRY_BASE_SECONDS and doubles up to API_RETRY_CAP_SECONDS (a Retry-After

@@ -38,6 +38,9 @@ log = logging.getLogger("fibers.jobs.outputs")
 # Seconds a finished write waits for its observed row count. Spark hands it over from its listener bus
 # (~0.1 s after the write here); past this the rows are counted by a job of their own instead.
 OBSERVED_COUNT_WAIT = 10.0
+OBSERVED_COUNT_POLL = 0.02  # how often it looks for that count meanwhile (it comes within ~0.1 s)
+# How often a stopping streaming query is looked at while its micro-batch finishes.
+STOP_POLL = 0.1
 
 
 def kafka_records(frame: DataFrame, key_column: str | None, avro_ref: AvroRef | None = None) -> DataFrame:
@@ -124,7 +127,7 @@ class ObservedCount:
             if time.monotonic() > deadline:
                 log.warning("no observed row count from Spark; counting the result again", extra={"waited": wait})
                 return self._result.count()
-            time.sleep(0.02)
+            time.sleep(OBSERVED_COUNT_POLL)
         return int(self._observation.get["rows"])
 
 
@@ -255,7 +258,7 @@ def stop_query(query: StreamingQuery, patience_seconds: float = 10.0) -> None:
         return
     deadline = time.monotonic() + patience_seconds
     while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(STOP_POLL)
     query.stop()
 
 
