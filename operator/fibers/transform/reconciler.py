@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from fibers import metrics, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
-from fibers.conditions import format_time, parse_time, utcnow
+from fibers.conditions import Condition, format_time, parse_time, utcnow
 from fibers.kube import Kube
 from fibers.kubeapi import ApiError
 from fibers.reconciles import Again
@@ -39,6 +41,32 @@ from fibers.transform.spec import (
 from fibers.upstream import Upstream
 
 log = logging.getLogger("fibers.transform")
+
+
+@dataclass
+class Pass:
+    """One reconcile of one Transform: the Transform, and what each step found for the steps after it."""
+
+    view: TransformView
+    now: datetime
+    status: dict[str, Any]  # the status being built: the one read, with the schedule slot and rerun taken
+    current: dict[str, Any]  # the current run as recorded
+    apps: list[dict[str, Any]] = field(default_factory=list)  # its SparkApplications
+    paused: bool = False
+    invalid: str = ""  # why the spec cannot run
+    upstreams: list[Upstream] = field(default_factory=list)
+    health: Condition = field(default_factory=lambda: upstream.condition([], ""))  # UpstreamReady
+    plan: runs.Plan = field(default_factory=runs.Plan)
+    waiting: str = ""  # what the run to start waits for (InputsNotReady)
+    mirrored: dict[str, Any] = field(default_factory=dict)  # the current run as its SparkApplication has it
+
+    @property
+    def namespace(self) -> str:
+        return str(self.view.body["metadata"]["namespace"])
+
+    @property
+    def context(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "resource": self.view.name}
 
 
 class TransformReconciler:
@@ -109,119 +137,142 @@ class TransformReconciler:
             return await self._reconcile(TransformView(body))
 
     async def _reconcile(self, view: TransformView) -> Again:
-        namespace = view.body["metadata"]["namespace"]
-        ctx = {"namespace": namespace, "resource": view.name}
+        """The steps, in order; each reads what the ones before found (`Pass`)."""
+        p = Pass(view, now=utcnow(), status=view.status, current=dict(view.current))
+        if (unservable := await self._list_runs(p)) is not None:
+            return unservable
+        for step in (
+            self._check,  # the spec and what its inputs reference (InvalidSpec, a cycle, UpstreamReady)
+            self._plan,  # which runs to start, delete, suspend or fail (`runs.plan`, pure)
+            self._drop_runs,  # delete what the plan drops; record suspended and deadline-failed runs
+            self._start_run,  # render the job, write the run into status first, then create it
+            self._read_result,  # a run whose driver ended: its result or error
+            self._report,  # the status (`runs.report`), written when it changed, Events on a phase change
+        ):
+            await step(p)
+        # What changes by itself: the clock (a schedule slot, a deadline) and what waiting inputs wait for.
+        due = runs.next_look(p.view, p.apps, p.now)
+        return Again(at=due.timestamp() if due else math.inf, waiting=bool(p.waiting))
+
+    async def _list_runs(self, p: Pass) -> Again | None:
+        """Its SparkApplications; without the CRD nothing can run: said, and looked at again now and then
+        (a CRD being installed sends no event this operator watches)."""
         try:
-            apps = await self.apps.list_for(namespace, view.name)
+            p.apps = await self.apps.list_for(p.namespace, p.view.name)
         except ApiError as exc:
             if exc.status != 404:
                 raise
-            # No SparkApplication CRD: nothing can run. Say so, and look again now and then (a
-            # CRD being installed sends no event we watch).
             message = (
                 f"the cluster does not serve {sparkapp.PLURAL}.{sparkapp.GROUP} (no Spark Operator "
                 "is installed): install the Kubeflow Spark Operator to run Transforms"
             )
-            await self._publish(view, runs.report(view, dict(view.current), utcnow(), no_spark_operator=message), ctx)
+            status = runs.report(p.view, dict(p.view.current), utcnow(), no_spark_operator=message)
+            await self._publish(p.view, status, p.context)
             return Again(at=math.inf, waiting=True)
-        paused = (view.body["metadata"].get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
-        now = utcnow()
-        # A spec that cannot run starts nothing and stops nothing: a run already going keeps going.
-        invalid = problem(view.spec, name=view.name, namespace=namespace, defaults=self.defaults)
-        upstreams, cycle = await self._upstream(namespace, view)
-        if cycle and not invalid:
-            invalid = f"spec.inputs: transformRef makes a cycle ({cycle}); a Transform cannot read its own output"
-        health = upstream.condition(upstreams, namespace)
-        if event := upstream.transition(view.status.get("conditions"), health):
-            self._event(view, *event[:2], warning=event[2])
-        plan = runs.Plan() if paused or invalid else runs.plan(view, apps, now)
-        status = view.status
-        current = dict(view.current)
+        return None
 
+    async def _check(self, p: Pass) -> None:
+        """A spec that cannot run starts nothing and stops nothing: a run already going keeps going."""
+        view = p.view
+        p.paused = (view.body["metadata"].get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+        p.invalid = problem(view.spec, name=view.name, namespace=p.namespace, defaults=self.defaults)
+        p.upstreams, cycle = await self._upstream(p.namespace, view)
+        if cycle and not p.invalid:
+            p.invalid = f"spec.inputs: transformRef makes a cycle ({cycle}); a Transform cannot read its own output"
+        p.health = upstream.condition(p.upstreams, p.namespace)
+        if event := upstream.transition(view.status.get("conditions"), p.health):
+            self._event(view, *event[:2], warning=event[2])
+
+    async def _plan(self, p: Pass) -> None:
+        p.plan = runs.Plan() if p.paused or p.invalid else runs.plan(p.view, p.apps, p.now)
+
+    async def _drop_runs(self, p: Pass) -> None:
+        plan, current = p.plan, p.current
         for name in plan.delete:
-            await self.apps.delete(namespace, name)
-            await self.apps.delete_result(namespace, view.name, name)
-            log.info("run deleted", extra={**ctx, "run": name})
+            await self.apps.delete(p.namespace, name)
+            await self.apps.delete_result(p.namespace, p.view.name, name)
+            log.info("run deleted", extra={**p.context, "run": name})
         if plan.suspend_current:
             current["applicationState"] = runs.SUSPENDED
         if plan.deadline_failed:
             current.update(
-                applicationState=runs.DEADLINE, errorMessage=plan.deadline_failed, finishedAt=format_time(now)
+                applicationState=runs.DEADLINE, errorMessage=plan.deadline_failed, finishedAt=format_time(p.now)
             )
-            self._event(view, runs.DEADLINE, f"run {current.get('name')}: {plan.deadline_failed}", warning=True)
+            self._event(p.view, runs.DEADLINE, f"run {current.get('name')}: {plan.deadline_failed}", warning=True)
         if plan.schedule_time is not None:
-            status["lastScheduleTime"] = format_time(plan.schedule_time)
+            p.status["lastScheduleTime"] = format_time(plan.schedule_time)
         if plan.rerun_nonce:
-            status["lastRerunNonce"] = plan.rerun_nonce
+            p.status["lastRerunNonce"] = plan.rerun_nonce
 
-        waiting = ""
-        if plan.start:
-            run, trigger = plan.start
-            # The submission id is also the run's OpenLineage runId (a UUID).
-            submission = current.get("submissionId") if current.get("name") == run else None
-            submission = submission or str(uuid.uuid4())
-            try:
-                if missing := next((u for u in upstreams if u.body is None), None):
-                    raise InputsNotReady(missing.trouble(namespace))
-                inputs = view.spec["inputs"]
-                topics = {inputs[u.ref.index]["name"]: u.topics() for u in upstreams}
-                job = render_job(
-                    view.spec,
-                    name=view.name,
-                    namespace=namespace,
-                    run=run,
-                    ref_topics=topics,
-                    defaults=self.defaults,
-                    avro=await self._avro(namespace, view.spec, topics),
-                    run_id=submission,
-                )
-            except InputsNotReady as exc:
-                waiting = str(exc)
-            else:
-                if current.get("name") != run:
-                    current = {
-                        "name": run,
-                        "submissionId": submission,
-                        "specHash": spec_hash(view.spec),
-                        "trigger": trigger,
-                        "submittedAt": format_time(now),
-                    }
-                # Write-ahead: the run is in status before its SparkApplication exists, reported as
-                # the new run it is (Pending), never under the phase and conditions of the last one.
-                before, view.body["status"] = view.status, status
-                status = runs.report(view, current, now, upstream=health)
-                await self.kube.replace_status(PLURAL, namespace, view.name, status, before)
-                view.body["status"] = status
-                app = sparkapp.build(view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
-                created = await self.apps.create(app)
-                log.info(
-                    "run submitted" if created else "run already submitted",
-                    extra={**ctx, "run": run, "trigger": trigger},
-                )
-                if created:
-                    metrics.transform_submitted(namespace, view.name)
-                    self._event(view, "RunSubmitted", f"submitted run {run} ({trigger})")
-                apps = await self.apps.list_for(namespace, view.name)
+    async def _start_run(self, p: Pass) -> None:
+        if not p.plan.start:
+            return
+        run, trigger = p.plan.start
+        view, namespace = p.view, p.namespace
+        # The submission id is also the run's OpenLineage runId (a UUID).
+        submission = p.current.get("submissionId") if p.current.get("name") == run else None
+        submission = submission or str(uuid.uuid4())
+        try:
+            if missing := next((u for u in p.upstreams if u.body is None), None):
+                raise InputsNotReady(missing.trouble(namespace))
+            inputs = view.spec["inputs"]
+            topics = {inputs[u.ref.index]["name"]: u.topics() for u in p.upstreams}
+            job = render_job(
+                view.spec,
+                name=view.name,
+                namespace=namespace,
+                run=run,
+                ref_topics=topics,
+                defaults=self.defaults,
+                avro=await self._avro(namespace, view.spec, topics),
+                run_id=submission,
+            )
+        except InputsNotReady as exc:
+            p.waiting = str(exc)
+            return
+        if p.current.get("name") != run:
+            p.current = {
+                "name": run,
+                "submissionId": submission,
+                "specHash": spec_hash(view.spec),
+                "trigger": trigger,
+                "submittedAt": format_time(p.now),
+            }
+        # Write-ahead: the run is in status before its SparkApplication exists, reported as
+        # the new run it is (Pending), never under the phase and conditions of the last one.
+        status = runs.report(view.with_status(p.status), p.current, p.now, upstream=p.health)
+        await self.kube.replace_status(PLURAL, namespace, view.name, status, view.status)
+        p.view, p.status = view.with_status(status), status
+        app = sparkapp.build(p.view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
+        created = await self.apps.create(app)
+        log.info(
+            "run submitted" if created else "run already submitted", extra={**p.context, "run": run, "trigger": trigger}
+        )
+        if created:
+            metrics.transform_submitted(namespace, view.name)
+            self._event(view, "RunSubmitted", f"submitted run {run} ({trigger})")
+        p.apps = await self.apps.list_for(namespace, view.name)
 
-        current_app = next((a for a in apps if a["metadata"]["name"] == current.get("name")), None)
-        if current_app is not None and current.get("applicationState") in (runs.SUSPENDED, runs.DEADLINE):
-            current_app = None  # being deleted; keep what we recorded
-        result = {}
+    async def _read_result(self, p: Pass) -> None:
+        current = p.current
+        app = next((a for a in p.apps if a["metadata"]["name"] == current.get("name")), None)
+        if app is not None and current.get("applicationState") in (runs.SUSPENDED, runs.DEADLINE):
+            app = None  # being deleted; keep what we recorded
+        result: dict[str, Any] = {}
         # The job writes its result, or its error, to a ConfigMap when its driver ends.
-        if current_app is not None and sparkapp.state_of(current_app) in sparkapp.DRIVER_ENDED:
-            result = await self.apps.result(namespace, view.name, current["name"])
+        if app is not None and sparkapp.state_of(app) in sparkapp.DRIVER_ENDED:
+            result = await self.apps.result(p.namespace, p.view.name, current["name"])
             # No error in the result ConfigMap (the driver died first, or could not reach the API): its last words.
-            failed = "error" not in result and sparkapp.state_of(current_app) in sparkapp.DRIVER_FAILED
-            if failed and (message := await self.apps.driver_message(current_app)):
+            failed = "error" not in result and sparkapp.state_of(app) in sparkapp.DRIVER_FAILED
+            if failed and (message := await self.apps.driver_message(app)):
                 result = {**result, "error": message}
-        mirrored = runs.mirror_run(current, current_app, result)
-        view.body["status"] = status
-        new_status = runs.report(view, mirrored, now, waiting=waiting, invalid=invalid, upstream=health)
-        await self._publish(view, new_status, ctx)
-        # What changes by itself: the clock (a schedule slot, a deadline) and what waiting inputs wait for.
-        view.body["status"] = new_status
-        due = runs.next_look(view, apps, now)
-        return Again(at=due.timestamp() if due else math.inf, waiting=bool(waiting))
+        p.mirrored = runs.mirror_run(current, app, result)
+
+    async def _report(self, p: Pass) -> None:
+        p.view = p.view.with_status(p.status)
+        new_status = runs.report(p.view, p.mirrored, p.now, waiting=p.waiting, invalid=p.invalid, upstream=p.health)
+        await self._publish(p.view, new_status, p.context)
+        p.view = p.view.with_status(new_status)
 
     async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:
         before = view.status

@@ -66,6 +66,10 @@ class TransformView:
     def status(self) -> dict[str, Any]:
         return dict(self.body.get("status") or {})
 
+    def with_status(self, status: dict[str, Any]) -> TransformView:
+        """The same Transform with another status: the one written, or the one a step is building."""
+        return TransformView({**self.body, "status": status})
+
     @property
     def current(self) -> dict[str, Any]:
         return dict(self.status.get("currentRun") or {})
