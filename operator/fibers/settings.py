@@ -15,7 +15,7 @@ from fibers.connect.registry import ClusterSettings
 from fibers.connect.settings import SyncSettings
 from fibers.podpolicy import PodPolicy
 from fibers.reconciles import Pacing
-from fibers.schemas.reconcile import SchemaSettings
+from fibers.schemas.settings import SchemaSettings
 from fibers.transform.spec import Defaults
 
 NAMESPACES_ENV = "FIBERS_NAMESPACES"  # what `fibers run -n …` told kopf, comma-separated (none: the cluster)

@@ -14,7 +14,7 @@ from fibers.api import GROUP, VERSION
 from fibers.outages import api_outage_is_temporary
 from fibers.reconciles import Reconciles
 from fibers.schemas.operator import SchemaOperator
-from fibers.schemas.reconcile import SchemaSettings
+from fibers.schemas.settings import SchemaSettings
 from fibers.schemas.spec import KIND, PLURAL, REGISTRIES, Claim, RegistrySpec, parse_registry
 
 

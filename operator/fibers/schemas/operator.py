@@ -15,9 +15,9 @@ from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, Condition, format_time, utcnow
 from fibers.kube import Kube, describe
 from fibers.registries import KIND as REGISTRY_KIND
-from fibers.schemas import reconcile
+from fibers.schemas import steps
 from fibers.schemas.ccompat import RegistryClient, RegistryError, RegistryUnreachable
-from fibers.schemas.reconcile import Outcome, SchemaSettings
+from fibers.schemas.settings import SchemaSettings
 from fibers.schemas.spec import (
     KIND,
     PLURAL,
@@ -31,6 +31,7 @@ from fibers.schemas.spec import (
     parse_registry,
     parse_schema,
 )
+from fibers.schemas.steps import Outcome
 from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.schemas")
@@ -114,7 +115,7 @@ class SchemaOperator:
             await self._write(body, out)
             return
         try:
-            out = await reconcile.reconcile(spec, registry, await self.client(registry), status)
+            out = await steps.reconcile(spec, registry, await self.client(registry), status)
         except CredentialsUnavailable as exc:
             out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
             out.conditions = conditions.waiting(

@@ -17,20 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fibers.conditions import Condition, ready, stalled
+from fibers.schemas import plan
 from fibers.schemas.ccompat import INVALID_SCHEMA, RegistryClient, RegistryError
 from fibers.schemas.spec import RegistrySpec, SchemaSpec
-
-
-@dataclass(frozen=True)
-class SchemaSettings:
-    """The Schema reconciler's pace: kopf's timers are declared with the defaults, so only `resync` is tunable
-    (operator environment FIBERS_SCHEMA_RESYNC)."""
-
-    resync: float = 60.0  # seconds between looks at an in-sync subject (drift, deleted versions)
-    retry: float = 10.0  # seconds between tries while the registry does not answer (the Schema timer's beat)
-    registry_probe: float = 60.0  # seconds between probes of a SchemaRegistry
-    # Where a SchemaRegistry's Secrets may be (FIBERS_CREDENTIAL_NAMESPACES, `fibers.credentials`); None: any.
-    secret_namespaces: frozenset[str] | None = None
 
 
 @dataclass
@@ -49,30 +38,16 @@ async def reconcile(
     subject = spec.subject
     out = Outcome(status={"registry": registry.name, "subject": subject})
     own: list[int] = [int(v) for v in previous.get("registeredVersions") or []]
-    managed = (
-        bool(previous.get("managed"))
-        and previous.get("subject") == subject
-        and previous.get("registry") == registry.name
-    )
+    managed = plan.managed(previous, subject, registry.name)
 
     # 1. ownership
     versions = await client.versions(subject)
+    refusal = plan.refusal(spec, registry, subject, versions, managed)
+    if refusal:
+        out.conditions = stalled(*refusal)
+        out.status["versions"] = versions
+        return out
     if not managed:
-        if versions and not (spec.adopt and registry.allow_adopt):
-            if spec.adopt:  # a namespace user's word alone takes over no subject: the registry must allow it
-                reason, why = (
-                    "AdoptNotAllowed",
-                    f"SchemaRegistry {registry.name} does not allow adopting (spec.allowAdopt)",
-                )
-            else:
-                reason, why = "SubjectExists", "set spec.adopt: true to manage it"
-            out.conditions = stalled(
-                reason,
-                f"subject {subject!r} already has versions {versions} registered outside Fibers; it is left as it is "
-                f"({why})",
-            )
-            out.status["versions"] = versions
-            return out
         own = []  # a subject taken over (new, or adopted): nothing of it was registered by this resource
     out.status["managed"] = True
 
@@ -97,7 +72,7 @@ async def reconcile(
                     f"spec.schema is not {level}-compatible with version {versions[-1]} of "
                     f"{subject!r}; nothing was registered: {why}",
                 )
-                out.status.update(_kept(previous), versions=versions, registeredVersions=own)
+                out.status.update(plan.kept(previous), versions=versions, registeredVersions=own)
                 out.events.append(("Incompatible", out.conditions[0].message, True))
                 return out
         try:
@@ -105,11 +80,11 @@ async def reconcile(
         except RegistryError as exc:
             if exc.error_code == INVALID_SCHEMA or exc.status_code == 422:
                 out.conditions = stalled("InvalidSchema", f"spec.schema: the registry refused it: {exc.message}")
-                out.status.update(_kept(previous), versions=versions, registeredVersions=own)
+                out.status.update(plan.kept(previous), versions=versions, registeredVersions=own)
                 return out
             if exc.status_code == 409:  # the registry's own compatibility rule refused it
                 out.conditions = stalled("Incompatible", f"spec.schema: the registry refused it: {exc.message}")
-                out.status.update(_kept(previous), versions=versions, registeredVersions=own)
+                out.status.update(plan.kept(previous), versions=versions, registeredVersions=own)
                 return out
             raise
         found = await client.lookup(subject, payload)
@@ -154,8 +129,3 @@ async def _set_compatibility(spec: SchemaSpec, client: RegistryClient, out: Outc
 async def _effective(subject: str, client: RegistryClient) -> str:
     level = await client.compatibility(subject)
     return level if level and level != "NONE" else await client.global_compatibility()
-
-
-def _kept(previous: dict[str, Any]) -> dict[str, Any]:
-    """What the last successful registration recorded: still true while a new schema is refused."""
-    return {k: previous[k] for k in ("version", "id", "latestVersion") if k in previous}
