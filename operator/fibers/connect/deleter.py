@@ -13,7 +13,7 @@ from fibers.api import ANNOTATION_DELETION_POLICY, CONNECT_FINALIZER
 from fibers.connect import deletion, ownership
 from fibers.connect.policy import ConnectPolicy
 from fibers.connect.publisher import Publisher
-from fibers.connect.reconcile import Target
+from fibers.connect.reconcile import Key, Target
 from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectUnreachable
 from fibers.connect.settings import SyncSettings
@@ -22,7 +22,6 @@ from fibers.kube import Kube, describe
 from fibers.redact import redact
 
 log = logging.getLogger("fibers.connect")
-Key = tuple[str, str]  # (namespace, name)
 
 
 class Deleter:

@@ -22,13 +22,12 @@ from fibers.api import (
 )
 from fibers.conditions import READY, Condition
 from fibers.connect import clusters, offsets
-from fibers.connect.reconcile import Target
+from fibers.connect.reconcile import Key, Target
 from fibers.connect.registry import ConnectClusters
 from fibers.connect.spec import SpecError, parse
 from fibers.kube import Kube, SecretMissing, describe
 
 log = logging.getLogger("fibers.connect")
-Key = tuple[str, str]  # (namespace, name)
 SECRET_REASONS = frozenset({"SecretNotFound", "SecretUnreadable"})  # re-read while they last
 
 

@@ -14,13 +14,12 @@ from fibers.conditions import READY, Condition, utcnow
 from fibers.connect import reconcile
 from fibers.connect.lineage import ConnectLineage
 from fibers.connect.policy import ConnectPolicy
-from fibers.connect.reconcile import Target
+from fibers.connect.reconcile import Key, Target
 from fibers.connect.spec import KIND, PLURAL
 from fibers.kube import Kube
 from fibers.redact import redact
 
 log = logging.getLogger("fibers.connect")
-Key = tuple[str, str]  # (namespace, name)
 # Ready reasons of a new resource's progress, whose status writes are spaced (`ConnectPolicy.startup_status_every`).
 STARTUP_REASONS = frozenset({"Creating", "Starting"})
 

@@ -44,6 +44,9 @@ OFFSET_CHANGES = {"reset": Step.RESET_OFFSETS, "alter": Step.ALTER_OFFSETS}
 OFFSET_STEPS = frozenset({Step.STOP_FOR_OFFSETS, Step.LIST_OFFSETS, *OFFSET_CHANGES.values()})
 
 
+Key = tuple[str, str]  # a Connect resource: (namespace, name)
+
+
 @dataclass
 class Target:
     """One Connect resource as the operator knows it between syncs."""
@@ -89,7 +92,7 @@ class Target:
         return {"namespace": self.namespace, "resource": self.name}
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> Key:
         return self.namespace, self.name
 
     @property

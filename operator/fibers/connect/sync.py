@@ -30,7 +30,7 @@ from fibers.connect.intake import Intake
 from fibers.connect.lineage import ConnectLineage
 from fibers.connect.policy import POLICY, ConnectPolicy
 from fibers.connect.publisher import STARTUP_REASONS, Publisher, unreachable_status
-from fibers.connect.reconcile import Outcome, Target
+from fibers.connect.reconcile import Key, Outcome, Target
 from fibers.connect.registry import ClusterUnavailable, ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.settings import SyncSettings
@@ -42,7 +42,6 @@ from fibers.redact import redact
 from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.connect")
-Key = tuple[str, str]  # (namespace, name)
 
 
 class ConnectSync:
