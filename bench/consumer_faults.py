@@ -244,7 +244,7 @@ class Outcome:
     checkpoint_ahead: int = 0
     behind: list[str] = field(default_factory=list)  # the first keys a checkpoint was ahead of, for a reader
     replayed_windows: int = 0
-    unready_seen: bool = False  # a pod of the consumer was seen running and not ready
+    unready_seen: bool = False  # a pod of the consumer was seen NotReady after it had been Ready
     ready_at_end: bool = False  # the last pod was ready when it was stopped
     seconds: float = 0.0
     log_tail: str = ""
@@ -418,6 +418,7 @@ class Harness:
         )
         half.start()
         deadline = time.monotonic() + SETTLE_SECONDS
+        ready_once: set[str] = set()  # pods seen Ready
         while time.monotonic() < deadline:
             code = pod.poll()
             if code is not None:  # died: check the checkpoint against the view, then start another
@@ -434,7 +435,11 @@ class Harness:
                     return
                 outcome.restarts += 1
                 pod = self._start(config, pods)
-            outcome.unready_seen = outcome.unready_seen or (pod.running() and not pod.ready())
+            if pod.running():  # NotReady counts only once the pod was Ready: a starting pod is not ready yet either
+                if pod.ready():
+                    ready_once.add(pod.name)
+                elif pod.name in ready_once:
+                    outcome.unready_seen = True
             fired = sum(p.log().count("failpoint fired") for p in pods)
             settled = not half.is_alive() and fired >= case.firings and self._lost(case, unique, workload) == 0
             if settled and (not case.unready or self._ready_again(pod)):
