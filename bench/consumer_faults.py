@@ -435,11 +435,11 @@ class Harness:
                     return
                 outcome.restarts += 1
                 pod = self._start(config, pods)
-            if pod.running():  # NotReady counts only once the pod was Ready: a starting pod is not ready yet either
-                if pod.ready():
-                    ready_once.add(pod.name)
-                elif pod.name in ready_once:
-                    outcome.unready_seen = True
+            running, ready = pod.readiness()
+            if running and ready:
+                ready_once.add(pod.name)
+            elif running and pod.name in ready_once:  # a starting pod is not ready yet either: not counted
+                outcome.unready_seen = True
             fired = sum(p.log().count("failpoint fired") for p in pods)
             settled = not half.is_alive() and fired >= case.firings and self._lost(case, unique, workload) == 0
             if settled and (not case.unready or self._ready_again(pod)):

@@ -89,8 +89,14 @@ class ConsumerPod:
 
     def ready(self) -> bool:
         """Its readiness probe passes (the consumer is not held up waiting for the API server)."""
+        return self.readiness()[1]
+
+    def readiness(self) -> tuple[bool, bool]:
+        """(running, ready), from one read of the pod."""
         statuses = self.core.read_namespaced_pod(self.name, self.namespace).status.container_statuses or []
-        return bool(statuses) and bool(statuses[0].ready)
+        if not statuses:
+            return False, False
+        return statuses[0].state.running is not None, bool(statuses[0].ready)
 
     def wait_running(self) -> None:
         deadline = time.monotonic() + START_SECONDS

@@ -100,10 +100,6 @@ class ConnectSync:
             self.targets[key].deleting = True
             self._wake.set()
 
-    async def apply(self, body: kopf.Body) -> None:
-        """Record what one resource wants (`Intake.apply`) and wake the loop."""
-        await self.intake.apply(body)
-
     def _drop(self, key: Key) -> None:
         """The resource is gone from Kubernetes: forget it (its metrics too)."""
         metrics.forget_connector(*key)

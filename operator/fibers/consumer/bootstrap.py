@@ -26,6 +26,7 @@ from fibers.consumer.stops import ConsumerStopped, Stopping
 from fibers.consumer.store import BootstrapStore
 from fibers.consumer.tuning import BOOTSTRAP_PAGE_ROWS
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode
+from fibers.databus.checkpoint_format import BOOTSTRAP_MODES
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.timelines import Checkpoints, parse_timeline_key, timeline_key
 from fibers.mongodb import SELECTION_TIMEOUT_MS
@@ -34,7 +35,6 @@ log = logging.getLogger("fibers.consumer")
 SNAPSHOT_LAST_KEY = "fibers_snapshot_last_key"  # the _id of the last snapshot row delivered
 CATCHUP_LAST_ID = "fibers_catchup_last_id"  # the _id of the last logged change delivered
 TARGET_OFFSETS = "fibers_target_offsets"  # {partition: the offset the store had applied}: where online starts
-_BOOTSTRAPPING = (ConsumptionMode.BOOTSTRAP_SNAPSHOT, ConsumptionMode.BOOTSTRAP_CATCHUP)
 
 
 class Bootstrap:
@@ -64,7 +64,7 @@ class Bootstrap:
         interrupted: dict[str, list[int]] = {}
         for p, key in keys.items():
             cp = self.positions.get(key)
-            if cp and cp.consumption_mode in _BOOTSTRAPPING:
+            if cp and cp.consumption_mode in BOOTSTRAP_MODES:
                 interrupted.setdefault(cp.to_json(), []).append(p)
         if interrupted:
             return [(group, "resuming an interrupted bootstrap") for group in interrupted.values()]
@@ -120,7 +120,7 @@ class Bootstrap:
     def _start(self, topic: str, keys: list[str], store: BootstrapStore, partitions: list[int]) -> Checkpoint:
         """The bootstrap checkpoint: the one under way, or a new one from the online position (if any)."""
         current = self.positions.get(keys[0])
-        if current and current.consumption_mode in _BOOTSTRAPPING:
+        if current and current.consumption_mode in BOOTSTRAP_MODES:
             return current
         base = current if current and current.consumption_mode is ConsumptionMode.ONLINE_CONSUMPTION else None
         since = max(base.window_scn, 0) if base else 0

@@ -51,7 +51,7 @@ class Relay:
         *,
         store: CheckpointStore,
         undecodable: UndecodablePolicy,
-        looked: Callable[[], None],
+        looked: Callable[[], object],
         applied: Callable[[Iterable[int]], None] | None,
         mask: Callable[[BaseException], str],
     ) -> None:

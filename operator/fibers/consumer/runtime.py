@@ -19,7 +19,6 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -141,8 +140,8 @@ class Runtime:
             self.stopping,
             store=self.store,
             undecodable=self.undecodable,
-            looked=self._measure_lag if self.telemetry else lambda: None,
-            applied=self._applied if self.telemetry else None,
+            looked=self._lag if self.telemetry else lambda: None,
+            applied=self.telemetry.applied if self.telemetry else None,
             mask=self._masked,
         )
 
@@ -280,13 +279,6 @@ class Runtime:
                     lags[key] = max(int(high) - resume, 0)
         self.lags = lags
         return sum(lags.values())
-
-    def _measure_lag(self) -> None:
-        self._lag()
-
-    def _applied(self, timestamps: Iterable[int]) -> None:
-        if self.telemetry:
-            self.telemetry.applied(timestamps)
 
     def _lineage(self) -> lineage.Emitter | None:
         """This instance's run (one per process) in OpenLineage terms, when the operator reports lineage."""

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -25,10 +26,10 @@ from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fibers.conditions import format_time
 from fibers.consumer.tuning import API_WAIT_UNREADY_SECONDS
 
 MODES = ("INIT", "BOOTSTRAP_SNAPSHOT", "BOOTSTRAP_CATCHUP", "ONLINE_CONSUMPTION")
-_UTC = "%Y-%m-%dT%H:%M:%SZ"
 _CALLBACK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -193,7 +194,8 @@ def unready(snapshot: Snapshot, now: float) -> str:
     Said with the time it began rather than a duration, so the condition the operator makes of it stays put."""
     since = snapshot.api_waiting_since
     if since is not None and now - since >= API_WAIT_UNREADY_SECONDS:
-        return f"waiting for the API server to take its checkpoints since {time.strftime(_UTC, time.gmtime(since))}"
+        began = format_time(datetime.fromtimestamp(since, UTC))
+        return f"waiting for the API server to take its checkpoints since {began}"
     return ""
 
 

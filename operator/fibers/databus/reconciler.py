@@ -53,7 +53,8 @@ class Pass:
 
     @property
     def spec(self) -> dict[str, Any]:
-        return dict(self.body["spec"])
+        spec: dict[str, Any] = self.body["spec"]
+        return spec
 
     @property
     def namespace(self) -> str:
