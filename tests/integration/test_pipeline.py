@@ -82,6 +82,8 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
     assert status["sources"] == [unique]
     assert consumers.condition(view, "UpstreamReady")["message"] == f"Connect {src}: Ready"
     transforms.wait_condition(report, "True", "UpstreamReady", type_="UpstreamReady")
+    # A pod may consume before its first readiness probe passes: the step is Ready once the kubelet says so.
+    consumers.wait_condition(view, "True", timeout=60)
     healthy = fibers_pipeline(stack_info, unique, namespace)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     lines = healthy.stdout.splitlines()
