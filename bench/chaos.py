@@ -646,11 +646,12 @@ PEERING_LIFETIME = 15  # seconds (FIBERS_PEERING_LIFETIME): what bounds the take
 
 
 def _peering(ctx: Context, name: str) -> None:
-    """The kopf peering CRD and object, as the chart renders them for a namespaced operator with a standby."""
+    """The kopf peering CRD and object, as the chart installs them for a namespaced operator with a standby."""
     import yaml
-    from kubernetes import utils
 
     from fibers_stack import fetch
+
+    crds.apply(ctx.api, paths=[REPO / "charts" / "fibers" / "crds" / "kopfpeerings.kopf.dev.yaml"])
 
     rendered = subprocess.run(
         [
@@ -674,13 +675,6 @@ def _peering(ctx: Context, name: str) -> None:
         text=True,
     ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
-    for doc in docs:
-        if doc["kind"] == "CustomResourceDefinition":
-            try:
-                utils.create_from_dict(ctx.api, doc)
-            except utils.FailToCreateError as exc:
-                if not all(e.status == 409 for e in exc.api_exceptions):
-                    raise
     wait_for(lambda: _served(ctx), timeout=30, what="kopf peering CRD served")
     for doc in docs:
         if doc["kind"] == "KopfPeering":

@@ -1,7 +1,8 @@
 """Keep the Helm chart's generated files in step with their sources.
 
-- charts/fibers/crds/*.yaml are byte-for-byte copies of crds/*.yaml (the one source of truth;
-  helm does not follow symlinks reliably, so the chart carries copies);
+- charts/fibers/crds/*.yaml are byte-for-byte copies of crds/*.yaml and crds/kopf/*.yaml (kopf's
+  peering CRDs, for the standby) — the one source of truth; helm does not follow symlinks reliably,
+  so the chart carries copies;
 - charts/fibers/argocd/argocd-cm-values.yaml carries charts/fibers/argocd/health.lua once per kind,
   as Argo CD keys health checks by group and kind, the health check for Applications (app of apps)
   from application-health.lua, and the two settings that keep Fibers' status updates visible.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"
+KOPF_CRDS = CRDS / "kopf"  # shared with every kopf operator: installed once, never removed by the chart
 CHART = REPO / "charts" / "fibers"
 HEALTH_LUA = CHART / "argocd" / "health.lua"
 APPLICATION_LUA = CHART / "argocd" / "application-health.lua"
@@ -58,7 +60,8 @@ def argocd_values(script: str, application: str) -> str:
 
 def expected() -> dict[Path, bytes]:
     """Every generated file and the content it should have."""
-    files = {CHART / "crds" / src.name: src.read_bytes() for src in sorted(CRDS.glob("*.yaml"))}
+    sources = sorted(CRDS.glob("*.yaml")) + sorted(KOPF_CRDS.glob("*.yaml"))
+    files = {CHART / "crds" / src.name: src.read_bytes() for src in sources}
     files[ARGOCD_VALUES] = argocd_values(HEALTH_LUA.read_text(), APPLICATION_LUA.read_text()).encode()
     return files
 

@@ -29,14 +29,16 @@ def _run(args: argparse.Namespace) -> int:
         metrics,
         settings,
     )
+    from fibers.readiness import Readiness
 
     memory.limit_arenas()
 
     if args.connect_cluster:
         os.environ["FIBERS_CONNECT_DEFAULT_CLUSTER"] = args.connect_cluster
     os.environ[settings.NAMESPACES_ENV] = ",".join(args.namespace or [])  # the child watches' scope
+    readiness = Readiness()
     if args.metrics_port:
-        metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS)
+        metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS, waiting=readiness.waiting)
     peering: dict[str, Any] = (
         {"standalone": False, "peering_name": args.peering, "priority": args.priority}
         if args.peering
@@ -46,6 +48,7 @@ def _run(args: argparse.Namespace) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace or [],
         liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(readiness=readiness),
         **peering,
     )
     return 0

@@ -7,36 +7,58 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
 from fibers import logs
-from fibers.api import FINALIZER
+from fibers.api import FINALIZER, GROUP, VERSION
 from fibers.connect import handlers as _connect_handlers  # registers handlers
+from fibers.connect.clusters import PLURAL as CONNECT_CLUSTERS
 from fibers.connect.registry import ConnectClusters
 from fibers.connect.spec import KIND as CONNECT_KIND
+from fibers.connect.spec import PLURAL as CONNECTS
 from fibers.connect.sync import ConnectSync
 from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
 from fibers.databus.reconciler import DatabusReconciler
 from fibers.databus.workload import CHILDREN as DATABUS_CHILDREN
 from fibers.databus.workload import KIND as DATABUS_KIND
-from fibers.kube import Kube, load_client
+from fibers.databus.workload import PLURAL as CONSUMERS
+from fibers.kube import Kube, custom, load_client
+from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
 from fibers.schemas import handlers as _schema_handlers  # registers handlers
 from fibers.schemas.operator import SchemaOperator
+from fibers.schemas.spec import PLURAL as SCHEMAS
+from fibers.schemas.spec import REGISTRIES
 from fibers.settings import Settings
 from fibers.transform import handlers as _transform_handlers  # registers handlers
 from fibers.transform.reconciler import TransformReconciler
 from fibers.transform.sparkapp import CHILDREN as TRANSFORM_CHILDREN
 from fibers.transform.spec import KIND as TRANSFORM_KIND
+from fibers.transform.spec import PLURAL as TRANSFORMS
 from fibers.watches import ChildWatches, Scope
 
 log = logging.getLogger("fibers.operator")
 
 RECONCILED_KINDS = (CONNECT_KIND, TRANSFORM_KIND, DATABUS_KIND)  # fibers_reconciles_total{kind=…}
+CLUSTER_PLURALS = (CONNECT_CLUSTERS, REGISTRIES)
+NAMESPACED_PLURALS = (CONNECTS, TRANSFORMS, CONSUMERS, SCHEMAS)
+
+
+async def _seen_by_its_watch(
+    resource: kopf.Resource, namespace: str | None, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Every object kopf hands over, at its start-up listing too: the pod's Ready waits for them."""
+    readiness: Readiness = memo.readiness
+    readiness.seen(resource.plural, namespace, name)
+
+
+for _plural in (*CLUSTER_PLURALS, *NAMESPACED_PLURALS):
+    kopf.on.event(GROUP, VERSION, _plural)(_seen_by_its_watch)
+
 
 # Handlers called on every watch event: kopf's line after each call is dropped (`logs.WatchHandlerSuccess`).
 _WATCHING: tuple[Callable[..., Any], ...] = (
@@ -46,6 +68,7 @@ _WATCHING: tuple[Callable[..., Any], ...] = (
     _transform_handlers.transform_event,
     _schema_handlers.registry_event,
     _schema_handlers.schema_event,
+    _seen_by_its_watch,
 )
 WATCH_HANDLERS = {handler.__qualname__ for handler in _WATCHING}  # kopf's handler ids
 
@@ -122,7 +145,39 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     ):
         for child in children:
             memo.watches.add(child, _owner_changed(reconciles, kind, delay))
+    readiness: Readiness = memo.readiness
+    readiness.gate(memo.watches.unanswered)
+    readiness.gate(_keeping_up(reconciles, readiness.policy.queue_lag_seconds))
+    readiness.started()
+    memo.readiness_task = asyncio.create_task(
+        readiness.take_stock((*CLUSTER_PLURALS, *NAMESPACED_PLURALS), _listing(kube, Scope(config.namespaces))),
+        name="readiness",
+    )
     log.info("operator started", extra={"connect_default": memo.connect.settings.default_cluster or "-"})
+
+
+def _keeping_up(reconciles: Reconciles, lag: float) -> Callable[[], list[str]]:
+    def behind() -> list[str]:
+        waited = reconciles.behind()
+        return [f"the reconcile queue: a reconcile has waited {waited:.0f} s for a worker"] if waited > lag else []
+
+    return behind
+
+
+def _listing(kube: Kube, scope: Scope) -> Callable[[str], Awaitable[set[tuple[str, str]]]]:
+    """Each object of a kind the operator serves: cluster-scoped kinds everywhere, the others in its scope."""
+
+    async def listing(plural: str) -> set[tuple[str, str]]:
+        namespaces = [None] if plural in CLUSTER_PLURALS else scope.namespaces
+        found: set[tuple[str, str]] = set()
+        for namespace in namespaces:
+            for item in await kube.items(custom(plural, namespace)):
+                meta = item["metadata"]
+                if plural in CLUSTER_PLURALS or scope.includes(meta["namespace"]):
+                    found.add((meta.get("namespace") or "", meta["name"]))
+        return found
+
+    return listing
 
 
 def _owner_changed(reconciles: Reconciles, kind: str, delay: float) -> Callable[[str, str], None]:
@@ -135,7 +190,8 @@ def _owner_changed(reconciles: Reconciles, kind: str, delay: float) -> Callable[
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.watches.stop()
-    tasks = (memo.connect_task, memo.connect_clusters_task, memo.schemas_task, memo.reconciles_task)
+    tasks = [memo.connect_task, memo.connect_clusters_task, memo.schemas_task, memo.reconciles_task]
+    tasks.append(memo.readiness_task)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -5,10 +5,14 @@ of what it runs (connectors, consumer lag, each consumer sink's figures). Served
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
 RECONCILES = Counter("fibers_reconciles_total", "Reconciles of one resource.", ["kind"])
 RECONCILE_ERRORS = Counter("fibers_reconcile_errors_total", "Reconciles that raised an error.", ["kind"])
@@ -200,6 +204,28 @@ def declare_kinds(kinds: tuple[str, ...]) -> None:
         RECONCILE_SECONDS.labels(kind)
 
 
-def serve(port: int, kinds: tuple[str, ...] = ()) -> None:
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds up the operator's exit
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes and scrapes every few seconds: not worth a log line each."""
+
+
+def serve(port: int, kinds: tuple[str, ...] = (), waiting: Callable[[], list[str]] | None = None) -> None:
+    """/metrics, and /readyz when `waiting` says what the operator still waits for (see fibers.readiness)."""
     declare_kinds(kinds)
-    start_http_server(port)
+    metrics = make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if waiting is None or environ.get("PATH_INFO") != "/readyz":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        reasons = waiting()
+        body = json.dumps({"ready": not reasons, "waiting": reasons}).encode()
+        status = "503 Service Unavailable" if reasons else "200 OK"
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    server = make_server("", port, app, _Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -86,6 +86,7 @@ class Reconciles:
         self._due: dict[Key, float] = {}
         self._known: set[Key] = set()  # handed over by kopf, not forgotten since
         self._ready: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: dict[Key, float] = {}  # handed to the workers, not taken yet: since when
         self._running: dict[Key, asyncio.Event] = {}  # each reconcile running now, and the event set as it ends
         self._again: set[Key] = set()  # came due while running: looked at once more when it ends
         self._failures: dict[Key, int] = {}
@@ -152,6 +153,11 @@ class Reconciles:
         """When the resource is due next (Unix time), if at all."""
         return self._due.get((kind, namespace, name))
 
+    def behind(self) -> float:
+        """Seconds the oldest reconcile handed to the workers has waited for one (0: none waits)."""
+        queued = list(self._queued.values())  # read from the metrics server's thread too
+        return max(0.0, time.time() - min(queued)) if queued else 0.0
+
     async def run(self) -> None:
         workers = [asyncio.create_task(self._work(), name=f"reconcile-{i}") for i in range(self.pacing.workers)]
         try:
@@ -170,6 +176,7 @@ class Reconciles:
                 when, key = heapq.heappop(self._heap)
                 if self._due.get(key) == when:  # else a stale entry: forgotten, or moved sooner
                     del self._due[key]
+                    self._queued.setdefault(key, now)
                     self._ready.put_nowait(key)
             # Quiet now: the pages a burst used (a thousand resources created at once, kopf's relisting
             # of them every few minutes) go back to the OS, so RSS follows the steady state.
@@ -181,6 +188,7 @@ class Reconciles:
     async def _work(self) -> None:
         while True:
             key = await self._ready.get()
+            self._queued.pop(key, None)
             if key in self._running:
                 self._again.add(key)
                 continue

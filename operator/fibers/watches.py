@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fibers import failpoints
 from fibers.kube import describe
 from fibers.kubeapi import Api, ApiError, Unreachable, path
 from fibers.logs import Repeats
@@ -30,6 +31,7 @@ log = logging.getLogger("fibers.watches")
 
 LOG_EVERY_SECONDS = 600.0  # an unchanged failure is logged again this often (once when it starts)
 
+REFUSED = (403, 404)  # a right not granted, a kind not installed: answers that will not change by waiting
 OnOwner = Callable[[str, str], None]  # (namespace, owner name): called in the event loop's thread
 
 
@@ -95,6 +97,9 @@ class ChildWatch:
         # to retry[1]: the reconcile queue's own pace (`Pacing.retry_min`, `retry_max`).
         self.retry_min, self.retry_max = retry
         self._stop = threading.Event()
+        # Answered once: listed, or refused for good (a kind not installed, a right not granted, both
+        # logged): the operator's Ready waits for this, not for every child kind to exist.
+        self.answered = threading.Event()
         self._failures = Repeats(LOG_EVERY_SECONDS)
         self._thread = threading.Thread(target=self._run, name=f"watch-{child.plural}", daemon=True)
 
@@ -117,6 +122,7 @@ class ChildWatch:
         delay, relist = self.retry_min, False
         while not self._stop.is_set():
             try:
+                failpoints.hit("watch.list", Unreachable)
                 listing = self.api.get(url, labelSelector=self.child.label)
                 version = str(listing["metadata"]["resourceVersion"])
                 if relist:  # events may have been missed meanwhile: every owner looks again
@@ -125,11 +131,14 @@ class ChildWatch:
                 if self._failures.ended("watch"):
                     log.info("watch running again", extra=where)
                 delay, relist = self.retry_min, True
+                self.answered.set()
                 while not self._stop.is_set():
                     version = self._follow(url, version)
             except _Expired:
                 continue
             except (ApiError, Unreachable) as exc:
+                if isinstance(exc, ApiError) and exc.status in REFUSED:
+                    self.answered.set()
                 message = describe(exc)
                 if self._failures.due("watch", message):
                     log.warning("watch failed; retrying", extra={**where, "error": message, "retry_seconds": delay})
@@ -169,3 +178,11 @@ class ChildWatches:
     def stop(self) -> None:
         for watch in self.watches:
             watch.stop()
+
+    def unanswered(self) -> list[str]:
+        """For the operator's Ready: the watches whose first listing the API server has not answered."""
+        return [
+            f"the first listing of {watch.child} in {watch.namespace or 'the cluster'}"
+            for watch in self.watches
+            if not watch.answered.is_set()
+        ]

@@ -55,6 +55,7 @@ pytestmark = pytest.mark.chart
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_LUA = CHART / "argocd" / "health.lua"
+SELECTOR = {"app.kubernetes.io/name": "fibers", "app.kubernetes.io/instance": "rel"}  # release `rel`'s pods
 
 
 # ----- helpers -------------------------------------------------------------------------------------
@@ -145,7 +146,6 @@ def test_template_is_valid_for_the_real_apiserver(
     watched = [namespace, restricted_namespace] if mode == "namespaced" else []
     values = {
         "watch": {"namespaces": watched},
-        "jobs": {"serviceAccount": {"namespaces": [namespace, restricted_namespace]}},
         "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {}}]},
         "metrics": {
             "serviceMonitor": {"enabled": True},
@@ -155,10 +155,49 @@ def test_template_is_valid_for_the_real_apiserver(
         },
         "standby": {"enabled": True},
         "logLevel": "debug",
+        # What an umbrella chart and a platform's registry bring: every one must render to valid objects.
+        "global": {"imageRegistry": "ignored.example"},
+        "image": {"registry": "registry.example:5000/platform", "digest": "sha256:" + "a" * 64},
+        "jobs": {
+            "serviceAccount": {"namespaces": [namespace, restricted_namespace]},
+            "image": {"registry": "registry.example:5000/platform", "tag": "1.2.3"},
+        },
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"}],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
     }
     docs = render_chart(helm, namespace, values, tmp_path)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "ServiceAccount", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= kinds
+    assert "CustomResourceDefinition" not in kinds  # kopf's peering CRD is in crds/: never removed with us
+    [budget] = by_kind(docs, "PodDisruptionBudget")  # a standby: a drain takes one operator pod at a time
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": SELECTOR}}
+    probes = {}
+    for deployment in by_kind(docs, "Deployment"):
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "registry.example:5000/platform/fibers@sha256:" + "a" * 64
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["FIBERS_JOB_IMAGE"] == "registry.example:5000/platform/fibers-job:1.2.3"
+        assert env["FIBERS_ALLOWED_IMAGES"].split(",")[:2] == [
+            "registry.example:5000/platform/fibers-job:",
+            "registry.example:5000/platform/fibers-job@",
+        ]
+        assert env["HTTPS_PROXY"] == "http://proxy.example:3128"
+        role = deployment["metadata"]["labels"]["fibers.dev/operator-role"]
+        probes[role] = container["readinessProbe"]["httpGet"]["path"]
+        assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert probes == {"active": "/readyz", "standby": "/healthz"}
+    # Every alert has a runbook, a section of docs/troubleshooting.md.
+    [rule] = by_kind(docs, "PrometheusRule")
+    headings = {
+        line.removeprefix("## ").strip().lower()
+        for line in (REPO / "docs" / "troubleshooting.md").read_text().splitlines()
+        if line.startswith("## ")
+    }
+    for alert in (r for group in rule["spec"]["groups"] for r in group["rules"]):
+        base, _, anchor = alert["annotations"]["runbook_url"].partition("#")
+        assert base.endswith("/docs/troubleshooting.md") and anchor == alert["alert"].lower() in headings
     # The PodMonitor looks where the consumers run; the dashboards carry the sidecar's label.
     monitors = {d["metadata"]["name"]: d["spec"] for d in by_kind(docs, "PodMonitor")}
     assert set(monitors) == {"rel-fibers-consumers", "rel-fibers-transforms"}
@@ -202,7 +241,8 @@ def test_template_is_valid_for_the_real_apiserver(
 
     # The peering CRD must exist for its objects to validate: create it for real, briefly.
     ext = client.ApiextensionsV1Api(kube)
-    [peering_crd] = by_kind(docs, "CustomResourceDefinition")
+    plural = "kopfpeerings" if watched else "clusterkopfpeerings"
+    peering_crd = yaml.safe_load((CHART / "crds" / f"{plural}.kopf.dev.yaml").read_text())
     crd_name = peering_crd["metadata"]["name"]
     try:
         ext.create_custom_resource_definition(peering_crd)  # type: ignore[arg-type]  # a dict body is fine
@@ -239,7 +279,8 @@ def test_template_is_valid_for_the_real_apiserver(
 
 def test_chart_crds_are_the_crds_directory() -> None:
     chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
-    source_crds = {p.name: p.read_bytes() for p in (REPO / "crds").glob("*.yaml")}
+    sources = [*(REPO / "crds").glob("*.yaml"), *(REPO / "crds" / "kopf").glob("*.yaml")]
+    source_crds = {p.name: p.read_bytes() for p in sources}
     stale = subprocess.run([sys.executable, REPO / "tools" / "sync_chart_crds.py", "--check"], capture_output=True)
     assert chart_crds == source_crds and stale.returncode == 0, (
         f"charts/fibers is out of date, run tools/sync_chart_crds.py:\n{stale.stdout.decode()}"
@@ -451,6 +492,19 @@ def source_file(tmp_path: Path) -> Path:
     path.write_text("".join(f"record {i}\n" for i in range(3)))
     os.chmod(tmp_path, 0o755)  # Kafka Connect reads it
     return path
+
+
+def test_the_installed_operator_is_ready_by_its_own_readyz(
+    chart_operator: ChartOperator, release: dict[str, Any]
+) -> None:
+    """`helm install --wait` returned once the pod's readiness probe passed: /readyz, not a port that is open."""
+    pod = chart_operator.pod()
+    [container] = pod.spec.containers
+    assert container.readiness_probe.http_get.path == "/readyz"
+    assert any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions)
+    port = next(p.container_port for p in container.ports if p.name == "metrics")
+    answer = httpx.get(f"http://{pod.status.pod_ip}:{port}/readyz", timeout=5)
+    assert (answer.status_code, answer.json()) == (200, {"ready": True, "waiting": []})
 
 
 def test_operator_with_the_chart_rbac_makes_a_connect_ready(

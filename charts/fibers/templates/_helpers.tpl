@@ -35,12 +35,31 @@ app.kubernetes.io/part-of: fibers
 {{- end }}
 {{- end }}
 
+{{/*
+An image reference from {registry, repository, tag, digest}: the registry in front when set, then the
+digest when set (it wins over the tag: what runs is exactly what was pushed), else the tag (empty: the
+chart's appVersion). Called with (list $root $image).
+*/}}
+{{- define "fibers.imageRef" -}}
+{{- $root := index . 0 }}{{- $image := index . 1 }}
+{{- $repository := include "fibers.imageRepository" $image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "fibers.imageRepository" -}}
+{{- if .registry }}{{ printf "%s/%s" (trimSuffix "/" .registry) .repository }}{{ else }}{{ .repository }}{{ end }}
+{{- end }}
+
 {{- define "fibers.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "fibers.imageRef" (list . .Values.image) }}
 {{- end }}
 
 {{- define "fibers.jobImage" -}}
-{{- printf "%s:%s" .Values.jobs.image.repository (default .Chart.AppVersion .Values.jobs.image.tag) }}
+{{- include "fibers.imageRef" (list . .Values.jobs.image) }}
 {{- end }}
 
 {{/* Namespaces that get the job ServiceAccount: the watched ones, or (cluster-wide) the listed ones. */}}
