@@ -65,7 +65,7 @@ from tests.helpers import Resources, debezium_connect, wait_for
 from tests.integration.conftest import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
-GROUP, VERSION = "fibers.dev", "v1alpha1"
+GROUP, VERSION = "fibers.dev", "v1beta1"
 SYNC_INTERVAL = 10.0  # the operator's Connect sync interval in these runs (the chart's default)
 
 # Pass/fail: what the issue asks of the operator under faults. Counts must be exactly these; seconds at most.

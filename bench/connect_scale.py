@@ -266,7 +266,7 @@ def ready_watcher(custom: client.CustomObjectsApi, namespace: str, n: int) -> th
             for event in watch.Watch().stream(
                 custom.list_namespaced_custom_object,
                 "fibers.dev",
-                "v1alpha1",
+                "v1beta1",
                 namespace,
                 "connects",
                 timeout_seconds=60,
@@ -326,7 +326,7 @@ def operator_run(
         def body(i: int) -> dict[str, Any]:
             name = f"c{i}"
             return {
-                "apiVersion": "fibers.dev/v1alpha1",
+                "apiVersion": "fibers.dev/v1beta1",
                 "kind": "Connect",
                 "metadata": {"name": name},
                 "spec": {
@@ -344,7 +344,7 @@ def operator_run(
             list(
                 pool.map(
                     lambda i: custom.create_namespaced_custom_object(
-                        "fibers.dev", "v1alpha1", namespace, "connects", body(i)
+                        "fibers.dev", "v1beta1", namespace, "connects", body(i)
                     ),
                     range(n),
                 )
@@ -417,9 +417,9 @@ def scrape_figures(port: int) -> dict[str, Any]:
 
 
 def delete_all(custom: client.CustomObjectsApi, namespace: str) -> None:
-    custom.delete_collection_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "connects")
+    custom.delete_collection_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")
     wait(
-        lambda: not custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "connects")["items"],
+        lambda: not custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")["items"],
         900,
         "resources deleted",
     )

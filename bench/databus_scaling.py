@@ -115,11 +115,11 @@ def owned_as_wanted(api: client.ApiClient, namespace: str, name: str, topic: str
 
 
 def delete_consumer(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
-    custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "databusconsumers", name)
+    custom.delete_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "databusconsumers", name)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            custom.get_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "databusconsumers", name)
+            custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "databusconsumers", name)
         except client.ApiException:
             return
         time.sleep(0.5)
@@ -143,7 +143,7 @@ def rescale(info: stack.StackInfo, partitions: int, rate: int, steps: list[int])
         stack_.enter_context(operator_process(info, namespace, log))
         stack_.callback(delete_consumer, custom, namespace, name)  # while the operator runs: its finalizer
         body = {
-            "apiVersion": "fibers.dev/v1alpha1",
+            "apiVersion": "fibers.dev/v1beta1",
             "kind": "DatabusConsumer",
             "metadata": {"name": name},
             "spec": {
@@ -154,7 +154,7 @@ def rescale(info: stack.StackInfo, partitions: int, rate: int, steps: list[int])
                 "checkpoint": {"minIntervalSeconds": 0.5},
             },
         }
-        custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "databusconsumers", body)
+        custom.create_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "databusconsumers", body)
         deadline = time.monotonic() + 180
         while not owned_as_wanted(api, namespace, name, topic, partitions, 1):
             if time.monotonic() > deadline:
@@ -165,7 +165,7 @@ def rescale(info: stack.StackInfo, partitions: int, rate: int, steps: list[int])
         for n in steps:
             before, started = consumed(core, namespace, name), time.monotonic()
             custom.patch_namespaced_custom_object_scale(
-                "fibers.dev", "v1alpha1", namespace, "databusconsumers", name, {"spec": {"replicas": n}}
+                "fibers.dev", "v1beta1", namespace, "databusconsumers", name, {"spec": {"replicas": n}}
             )
             while not owned_as_wanted(api, namespace, name, topic, partitions, n):
                 if time.monotonic() - started > 180:

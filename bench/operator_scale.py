@@ -41,7 +41,7 @@ from bench.machine import Run, cpu_seconds, operator_process, rss_mib, say, wait
 from fibers.databus.stats import instance_stats
 from fibers_stack import StackInfo, audit, crds, namespaces
 
-GROUP, VERSION = "fibers.dev", "v1alpha1"
+GROUP, VERSION = "fibers.dev", "v1beta1"
 REACTION_GOALS = {"statefulset_s": 1.0, "checkpoint_s": 5.0, "cron_s": 2.0, "run_state_s": 2.0}  # issue 23
 
 

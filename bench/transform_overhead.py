@@ -82,7 +82,7 @@ def watch_until(api: client.ApiClient, namespace: str, plural: str, group: str, 
     """Seconds until done(object) is true, as `kubectl wait` sees it (a watch, no polling)."""
     custom = client.CustomObjectsApi(api)
     started = time.monotonic()
-    version = "v1beta2" if group == "sparkoperator.k8s.io" else "v1alpha1"
+    version = "v1beta2" if group == "sparkoperator.k8s.io" else "v1beta1"
     for event in watch.Watch().stream(
         custom.list_namespaced_custom_object,
         group,
@@ -175,7 +175,7 @@ def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[fl
     custom = client.CustomObjectsApi(api)
     name = f"t{uuid.uuid4().hex[:6]}"
     body = {
-        "apiVersion": "fibers.dev/v1alpha1",
+        "apiVersion": "fibers.dev/v1beta1",
         "kind": "Transform",
         "metadata": {"name": name},
         "spec": {
@@ -204,11 +204,11 @@ def run_transform(api: client.ApiClient, namespace: str, topic: str) -> tuple[fl
     submission.start()
     driver = DriverWatch(api, namespace, f"fibers.dev/transform={name},spark-role=driver")
     started = driver.started
-    custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, "transforms", body)
+    custom.create_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "transforms", body)
     for event in watch.Watch().stream(
         custom.list_namespaced_custom_object,
         "fibers.dev",
-        "v1alpha1",
+        "v1beta1",
         namespace,
         "transforms",
         field_selector=f"metadata.name={name}",

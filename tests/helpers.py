@@ -121,27 +121,27 @@ class Resources:
         labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         body = {
-            "apiVersion": "fibers.dev/v1alpha1",
+            "apiVersion": "fibers.dev/v1beta1",
             "kind": self.kind,
             "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
             "spec": spec,
         }
         result: dict[str, Any] = self.custom.create_namespaced_custom_object(
-            "fibers.dev", "v1alpha1", self.namespace, self.plural, body
+            "fibers.dev", "v1beta1", self.namespace, self.plural, body
         )
         return result
 
     def get(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            "fibers.dev", "v1alpha1", self.namespace, self.plural, name
+            "fibers.dev", "v1beta1", self.namespace, self.plural, name
         )
         return result
 
     def patch(self, name: str, patch: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", self.namespace, self.plural, name, patch)
+        self.custom.patch_namespaced_custom_object("fibers.dev", "v1beta1", self.namespace, self.plural, name, patch)
 
     def delete(self, name: str) -> None:
-        self.custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", self.namespace, self.plural, name)
+        self.custom.delete_namespaced_custom_object("fibers.dev", "v1beta1", self.namespace, self.plural, name)
 
     def exists(self, name: str) -> bool:
         from kubernetes.client.exceptions import ApiException

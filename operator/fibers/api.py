@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 GROUP = "fibers.dev"
-VERSION = "v1alpha1"
+VERSION = "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
 # The kinds know nothing of each other (an import-linter contract says so); a Transform reads the
 # Connect it names through the API, by this plural.

@@ -191,20 +191,20 @@ def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:
         found = []
         for plural in PLURALS.values():
             listing = cast(
-                dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, plural)
+                dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural)
             )
             found += [(plural, item) for item in listing["items"]]
         return found
 
     for plural, item in items():
-        custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, plural, item["metadata"]["name"])
+        custom.delete_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural, item["metadata"]["name"])
     try:
         _wait(lambda: not items(), timeout, "the operator to delete the previous demo's resources")
     except TimeoutError:
         for plural, item in items():
             patch = {"metadata": {"finalizers": None}}
             custom.patch_namespaced_custom_object(
-                "fibers.dev", "v1alpha1", NAMESPACE, plural, item["metadata"]["name"], patch
+                "fibers.dev", "v1beta1", NAMESPACE, plural, item["metadata"]["name"], patch
             )
 
 
@@ -266,7 +266,7 @@ def _install_operator(info: StackInfo) -> None:
 def _apply(api: client.ApiClient, path: Path) -> str:
     custom = client.CustomObjectsApi(api)
     body = yaml.safe_load(path.read_text())
-    custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, PLURALS[body["kind"]], body)
+    custom.create_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, PLURALS[body["kind"]], body)
     return f"{body['kind']}/{body['metadata']['name']}"
 
 
@@ -324,7 +324,7 @@ def _resources(api: client.ApiClient) -> dict[str, dict[str, Any]]:
     found = {}
     for kind, plural in PLURALS.items():
         listing = cast(
-            dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", NAMESPACE, plural)
+            dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural)
         )
         for item in listing["items"]:
             found[f"{kind}/{item['metadata']['name']}"] = item

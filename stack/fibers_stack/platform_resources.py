@@ -8,7 +8,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-GROUP, VERSION = "fibers.dev", "v1alpha1"
+GROUP, VERSION = "fibers.dev", "v1beta1"
 CONNECT_CLUSTERS, SCHEMA_REGISTRIES = "connectclusters", "schemaregistries"
 KINDS = {CONNECT_CLUSTERS: "ConnectCluster", SCHEMA_REGISTRIES: "SchemaRegistry"}
 

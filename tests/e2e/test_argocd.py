@@ -43,7 +43,7 @@ from fibers_stack.layout import REPO_ROOT
 from tests.helpers import HEALTH, status_fixture, wait_for
 
 GROUP, VERSION = argocd.GROUP, argocd.VERSION
-FIBERS = ("fibers.dev", "v1alpha1")
+FIBERS = ("fibers.dev", "v1beta1")
 PLURALS = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers", "Schema": "schemas"}
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "status"
 
@@ -630,7 +630,7 @@ def test_a_connect_removed_from_git_is_pruned_with_its_connector_never_one_it_di
     foreign = f"{gitops.table}-foreign"
     config = {"connector.class": "FileStreamSource", "file": str(lines), "topic": foreign}
     assert connect.put(f"/connectors/{foreign}/config", json=config).status_code == 201
-    base = {"apiVersion": "fibers.dev/v1alpha1", "kind": "Connect"}
+    base = {"apiVersion": "fibers.dev/v1beta1", "kind": "Connect"}
     owned = {
         **base,
         "metadata": {"name": "lines", "annotations": {"argocd.argoproj.io/sync-wave": "1"}},

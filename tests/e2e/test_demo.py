@@ -130,7 +130,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     custom = client.CustomObjectsApi(kube)
     phases: dict[str, Any] = {}
     for plural in ("connects", "transforms", "databusconsumers"):
-        for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", plural)["items"]:
+        for item in custom.list_namespaced_custom_object("fibers.dev", "v1beta1", "shop", plural)["items"]:
             phases[item["metadata"]["name"]] = (item.get("status") or {}).get("phase")
     assert phases == {
         "orders-cdc": "Running",
@@ -189,7 +189,7 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     # Break the first link (a database that does not exist): the chain names it, and marks what reads from it.
     def patch_dbname(name: str) -> None:
         body = {"spec": {"config": {"database.dbname": name}}}
-        custom.patch_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", "connects", "orders-cdc", body)
+        custom.patch_namespaced_custom_object("fibers.dev", "v1beta1", "shop", "connects", "orders-cdc", body)
 
     patch_dbname("no_such_database")
     broken = wait_for(
@@ -211,6 +211,6 @@ def test_demo_pipeline_converges_and_runs_again(stack_info: StackInfo, kube: Api
     }
     patch_dbname("postgres")
     wait_for(lambda: pipeline_now().returncode == 0, timeout=120, what="the pipeline Ready again")
-    consumers = custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", "shop", "databusconsumers")["items"]
+    consumers = custom.list_namespaced_custom_object("fibers.dev", "v1beta1", "shop", "databusconsumers")["items"]
     view = next(c for c in consumers if c["metadata"]["name"] == "orders-view")
     assert view["status"]["sources"] == ["shop.public.orders"]  # its sourceRef, without Debezium's shop.transaction

@@ -187,16 +187,16 @@ def _delete_all(op: OperatorProcess, stack: StackInfo, namespace: str) -> None:
         op.start()
     custom = client.CustomObjectsApi(config.new_client_from_config(config_file=stack.kubeconfig))
     for plural in ("databusconsumers", "transforms", "connects", "schemas"):
-        for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural)["items"]:
+        for item in custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural)["items"]:
             try:
                 custom.delete_namespaced_custom_object(
-                    "fibers.dev", "v1alpha1", namespace, plural, item["metadata"]["name"]
+                    "fibers.dev", "v1beta1", namespace, plural, item["metadata"]["name"]
                 )
             except ApiException as exc:
                 if exc.status != 404:
                     raise
         wait_for(
-            lambda p=plural: not custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, p)["items"],
+            lambda p=plural: not custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, p)["items"],
             timeout=60,
             what=f"{plural} in {namespace} deleted",
         )

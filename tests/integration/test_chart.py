@@ -394,21 +394,69 @@ def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
             continue
         body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": {"name": name}, "spec": obj["spec"]}
         if obj["kind"] == "ConnectCluster":  # cluster-scoped
-            path = f"/apis/fibers.dev/v1alpha1/connectclusters/{namespace}-{name}"
+            path = f"/apis/fibers.dev/v1beta1/connectclusters/{namespace}-{name}"
             body["metadata"]["name"] = f"{namespace}-{name}"
-            custom.create_cluster_custom_object("fibers.dev", "v1alpha1", "connectclusters", body)
-            remove = partial(custom.delete_cluster_custom_object, "fibers.dev", "v1alpha1", "connectclusters")
+            custom.create_cluster_custom_object("fibers.dev", "v1beta1", "connectclusters", body)
+            remove = partial(custom.delete_cluster_custom_object, "fibers.dev", "v1beta1", "connectclusters")
             created = f"{namespace}-{name}"
         else:
             plural = plurals[obj["kind"]]
-            path = f"/apis/fibers.dev/v1alpha1/namespaces/{namespace}/{plural}/{name}"
-            custom.create_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, body)
-            remove = partial(custom.delete_namespaced_custom_object, "fibers.dev", "v1alpha1", namespace, plural)
+            path = f"/apis/fibers.dev/v1beta1/namespaces/{namespace}/{plural}/{name}"
+            custom.create_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural, body)
+            remove = partial(custom.delete_namespaced_custom_object, "fibers.dev", "v1beta1", namespace, plural)
             created = name
         try:
             dry_run(kube, "PATCH", f"{path}/status", {"status": obj["status"]}, "application/merge-patch+json")
         finally:
             remove(created)
+
+
+# Each kind's spec, from the status fixtures (a SchemaRegistry has none): written through one version, read
+# through the other.
+VERSIONED = {
+    "Connect": ("connects", status_fixture("connect-running")["spec"]),
+    "ConnectCluster": ("connectclusters", status_fixture("connectcluster-ready")["spec"]),
+    "DatabusConsumer": ("databusconsumers", status_fixture("databusconsumer-online")["spec"]),
+    "Schema": ("schemas", status_fixture("schema-registered")["spec"]),
+    "SchemaRegistry": ("schemaregistries", {"url": "http://registry.example:8080/apis/ccompat/v7"}),
+    "Transform": ("transforms", status_fixture("transform-batch-succeeded")["spec"]),
+}
+
+
+def test_every_kind_reads_and_writes_through_both_versions(kube: ApiClient, namespace: str) -> None:
+    """v1beta1 is stored; v1alpha1 is served beside it, deprecated: one object through either version, and
+    the API server warns whoever still writes v1alpha1."""
+    custom = client.CustomObjectsApi(kube)
+    ext = client.ApiextensionsV1Api(kube)
+    for kind, (plural, given) in VERSIONED.items():
+        crd = ext.read_custom_resource_definition(f"{plural}.fibers.dev")
+        versions = {v.name: v for v in crd.spec.versions}
+        assert versions["v1beta1"].storage and versions["v1beta1"].served and not versions["v1beta1"].deprecated
+        assert versions["v1alpha1"].served and versions["v1alpha1"].deprecated and not versions["v1alpha1"].storage
+        cluster = crd.spec.scope == "Cluster"
+        name = f"{namespace}-versions" if cluster else "versions"
+        where: tuple[str, ...] = () if cluster else (namespace,)
+        create = (
+            custom.create_cluster_custom_object_with_http_info
+            if cluster
+            else (custom.create_namespaced_custom_object_with_http_info)
+        )
+        get = custom.get_cluster_custom_object if cluster else custom.get_namespaced_custom_object
+        patch = custom.patch_cluster_custom_object if cluster else custom.patch_namespaced_custom_object
+        delete = custom.delete_cluster_custom_object if cluster else custom.delete_namespaced_custom_object
+        body = {"apiVersion": "fibers.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": given}
+        written, _, headers = create("fibers.dev", "v1alpha1", *where, plural, body)
+        spec = written["spec"]  # with the schema's defaults
+        try:
+            assert "deprecated" in headers.get("Warning", ""), (kind, headers)
+            new = get("fibers.dev", "v1beta1", *where, plural, name)
+            assert (new["apiVersion"], new["spec"]) == ("fibers.dev/v1beta1", spec), kind
+            patch("fibers.dev", "v1beta1", *where, plural, name, {"metadata": {"labels": {"written": "v1beta1"}}})
+            old = get("fibers.dev", "v1alpha1", *where, plural, name)
+            assert old["apiVersion"] == "fibers.dev/v1alpha1" and old["spec"] == spec, kind
+            assert old["metadata"]["labels"] == {"written": "v1beta1"}, kind
+        finally:
+            delete("fibers.dev", "v1beta1", *where, plural, name)
 
 
 # ----- helm install, then the operator with exactly the chart's permissions ------------------------
@@ -472,9 +520,7 @@ def chart_operator(kube: ApiClient, namespace: str, release: dict[str, Any]) -> 
     custom = client.CustomObjectsApi(kube)
 
     def names(plural: str) -> list[str]:
-        listing = cast(
-            dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural)
-        )
+        listing = cast(dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural))
         return [item["metadata"]["name"] for item in listing["items"]]
 
     def gone(plural: str) -> bool:
@@ -482,7 +528,7 @@ def chart_operator(kube: ApiClient, namespace: str, release: dict[str, Any]) -> 
 
     for plural in ("connects", "transforms", "schemas"):
         for name in names(plural):
-            custom.delete_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
+            custom.delete_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural, name)
         wait_for(partial(gone, plural), timeout=60, what=f"{plural} deleted by the chart's operator")
 
 
@@ -529,7 +575,7 @@ def test_operator_with_the_chart_rbac_makes_a_connect_ready(
         lambda: (
             (
                 s := custom.get_cluster_custom_object(
-                    "fibers.dev", "v1alpha1", "connectclusters", cluster["metadata"]["name"]
+                    "fibers.dev", "v1beta1", "connectclusters", cluster["metadata"]["name"]
                 ).get("status")
                 or {}
             ).get("pluginCount")

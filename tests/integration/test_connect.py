@@ -631,7 +631,7 @@ def _cluster_status(kube: ApiClient, name: str, probe: Any, what: str) -> dict[s
     return wait_for(
         lambda: (
             probe(
-                st := custom.get_cluster_custom_object("fibers.dev", "v1alpha1", "connectclusters", name).get("status")
+                st := custom.get_cluster_custom_object("fibers.dev", "v1beta1", "connectclusters", name).get("status")
                 or {}
             )
             and st

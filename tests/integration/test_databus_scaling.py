@@ -228,7 +228,7 @@ def test_rescaling_under_load_loses_nothing_and_never_delivers_a_partition_from_
         # What `kubectl scale databusconsumer/<name> --replicas n` does: the scale subresource.
         started = time.monotonic()
         custom.patch_namespaced_custom_object_scale(
-            "fibers.dev", "v1alpha1", namespace, "databusconsumers", unique, {"spec": {"replicas": n}}
+            "fibers.dev", "v1beta1", namespace, "databusconsumers", unique, {"spec": {"replicas": n}}
         )
         if n == 4:  # a pod killed in the middle of a rescale: gone at once, its Leases left to expire
             time.sleep(1)

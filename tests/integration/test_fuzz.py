@@ -63,10 +63,10 @@ SEMANTIC: dict[str, list[tuple[str, dict[str, Any], str]]] = {
 
 def _create(custom: client.CustomObjectsApi, namespace: str, plural: str, kind: str, case: Case) -> str | None:
     """Create as kubectl would; the API server's refusal message, or None when it accepted the object."""
-    body = {"apiVersion": "fibers.dev/v1alpha1", "kind": kind, "metadata": {"name": case.name}, "spec": case.spec}
+    body = {"apiVersion": "fibers.dev/v1beta1", "kind": kind, "metadata": {"name": case.name}, "spec": case.spec}
     try:
         custom.create_namespaced_custom_object(
-            "fibers.dev", "v1alpha1", namespace, plural, body, field_validation="Strict"
+            "fibers.dev", "v1beta1", namespace, plural, body, field_validation="Strict"
         )
     except ApiException as exc:
         assert exc.status in (400, 422), f"{case.name} ({case.why}): {exc.status} {exc.reason}"
@@ -77,7 +77,7 @@ def _create(custom: client.CustomObjectsApi, namespace: str, plural: str, kind: 
 
 
 def _ready(custom: client.CustomObjectsApi, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
-    body = custom.get_namespaced_custom_object("fibers.dev", "v1alpha1", namespace, plural, name)
+    body = custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural, name)
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
 
 

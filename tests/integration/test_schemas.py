@@ -63,7 +63,7 @@ def test_schema_registries_are_probed_and_carry_no_finalizer(
 
     def ready() -> dict[str, Any] | None:
         body: dict[str, Any] = custom.get_cluster_custom_object(
-            "fibers.dev", "v1alpha1", "schemaregistries", schema_registry
+            "fibers.dev", "v1beta1", "schemaregistries", schema_registry
         )
         cond = next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {})
         return body if cond.get("status") == "True" else None
@@ -268,7 +268,7 @@ def test_a_registry_with_authentication_is_used_with_its_secret_which_is_read_on
         custom = client.CustomObjectsApi(kube)
 
         def registry_says() -> dict[str, Any] | None:
-            body = custom.get_cluster_custom_object("fibers.dev", "v1alpha1", "schemaregistries", elsewhere)
+            body = custom.get_cluster_custom_object("fibers.dev", "v1beta1", "schemaregistries", elsewhere)
             conds = (body.get("status") or {}).get("conditions") or []
             return next((c for c in conds if c["type"] == "Ready" and c["reason"] == "CredentialsUnavailable"), None)
 

@@ -141,7 +141,7 @@ class Surfaces:
         ns, as_dict = self.namespace, self.kube.sanitize_for_serialization
         places: dict[str, str] = {"operator log": self.operator.log()}
         for plural in ("connects", "transforms", "databusconsumers"):
-            for item in custom.list_namespaced_custom_object("fibers.dev", "v1alpha1", ns, plural)["items"]:
+            for item in custom.list_namespaced_custom_object("fibers.dev", "v1beta1", ns, plural)["items"]:
                 places[f"{plural}/{item['metadata']['name']}"] = json.dumps(item)
         for i, event in enumerate(core.list_namespaced_event(ns).items):
             about = f"{event.involved_object.kind}/{event.involved_object.name}"

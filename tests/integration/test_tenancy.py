@@ -209,18 +209,18 @@ def test_team_b_reaches_nothing_of_team_a_through_the_operator(
 
     # Cluster-scoped: a ConnectCluster of B's own (a URL of its choosing, any namespace's Secret) is refused.
     cluster = {
-        "apiVersion": "fibers.dev/v1alpha1",
+        "apiVersion": "fibers.dev/v1beta1",
         "kind": "ConnectCluster",
         "metadata": {"name": f"b-{unique}"},
         "spec": {"url": "http://b.example:8083"},
     }
     with pytest.raises(ApiException) as refused_cluster:
-        client.CustomObjectsApi(as_b).create_cluster_custom_object("fibers.dev", "v1alpha1", "connectclusters", cluster)
+        client.CustomObjectsApi(as_b).create_cluster_custom_object("fibers.dev", "v1beta1", "connectclusters", cluster)
     assert refused_cluster.value.status == 403
     registry = {**cluster, "kind": "SchemaRegistry", "spec": {"url": "http://b.example:8080/apis/ccompat/v7"}}
     b_custom = client.CustomObjectsApi(as_b)
     with pytest.raises(ApiException) as refused_registry:  # nor a registry (its auth Secrets, adopt consent)
-        b_custom.create_cluster_custom_object("fibers.dev", "v1alpha1", "schemaregistries", registry)
+        b_custom.create_cluster_custom_object("fibers.dev", "v1beta1", "schemaregistries", registry)
     assert refused_registry.value.status == 403
 
     # B deletes everything it made; A's connector is untouched throughout, its ConfigMap too.

@@ -91,7 +91,7 @@ def test_a_write_is_fenced_where_a_newer_owner_claimed_the_timeline() -> None:
 
 def consumer(**spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "fibers.dev/v1alpha1",
+        "apiVersion": "fibers.dev/v1beta1",
         "kind": "DatabusConsumer",
         "metadata": {"name": "view", "namespace": "shop", "uid": "u-1"},
         "spec": {"sources": ["shop.public.orders"], "sink": {"type": "log"}, **spec},
@@ -118,7 +118,7 @@ def test_instances_are_one_statefulset_and_scaling_leaves_the_pods_alone() -> No
     # The consumer is the StatefulSet's controller: Kubernetes deletes the StatefulSet (and its pods) with it.
     assert three["metadata"]["ownerReferences"] == [
         {
-            "apiVersion": "fibers.dev/v1alpha1",
+            "apiVersion": "fibers.dev/v1beta1",
             "kind": "DatabusConsumer",
             "name": "view",
             "uid": "u-1",

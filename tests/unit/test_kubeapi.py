@@ -63,8 +63,8 @@ def test_a_token_from_an_exec_plugin(tmp_path: Path) -> None:
 def test_paths_of_core_grouped_and_sub_resources() -> None:
     assert kubeapi.path("v1", "configmaps", "shop", "a-b") == "/api/v1/namespaces/shop/configmaps/a-b"
     assert kubeapi.path("apps/v1", "deployments", "shop") == "/apis/apps/v1/namespaces/shop/deployments"
-    assert kubeapi.path("fibers.dev/v1alpha1", "connectclusters", None, "x", "status") == (
-        "/apis/fibers.dev/v1alpha1/connectclusters/x/status"
+    assert kubeapi.path("fibers.dev/v1beta1", "connectclusters", None, "x", "status") == (
+        "/apis/fibers.dev/v1beta1/connectclusters/x/status"
     )
 
 

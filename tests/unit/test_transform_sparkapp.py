@@ -26,7 +26,7 @@ SECURE = {"runAsNonRoot", "runAsUser", "runAsGroup", "readOnlyRootFilesystem", "
 
 def transform(**spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "apiVersion": "fibers.dev/v1alpha1",
+        "apiVersion": "fibers.dev/v1beta1",
         "kind": "Transform",
         "metadata": {
             "name": "orders-report",
