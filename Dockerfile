@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 #
 # Two images from one file:
-#   docker build --target operator -t fibers:0.1.0 .      the operator: `fibers run` (charts/fibers image)
-#   docker build --target job      -t fibers-job:0.1.0 .  Transform drivers and executors (Spark on Kubernetes)
+#   docker build --target operator -t fibers:0.2.0 .      the operator: `fibers run` (charts/fibers image)
+#   docker build --target job      -t fibers-job:0.2.0 .  Transform drivers and executors (Spark on Kubernetes)
 #                                                          and DatabusConsumer pods: adds Java 17, pyspark, the
 #                                                          spark-sql-kafka jars, tini and docker/job-entrypoint.sh
 # Both run as the non-root user fibers (10001:10001, with a passwd entry and a HOME), Python is Debian's

@@ -1,3 +1,3 @@
 """Fibers: data pipelines (Kafka Connect, PySpark, Databus-style CDC) as Kubernetes resources."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -9,7 +9,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from fibers import logs
@@ -140,16 +142,39 @@ def _halted(api: Api, config: ConsumerConfig, pod: str | None, code: int) -> int
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    """Print a pipeline's chain upstream first; exit 1 when a step is not Ready (for scripts), 2 when it is empty."""
-    from fibers import kubeapi, pipeline
+    """Print a pipeline's chain upstream first; exit 1 when a step is not Ready (for scripts), 2 when it is empty.
+    With --watch, print it again every --interval seconds until interrupted (the exit code is the last look's)."""
+    from fibers import pipeline
+    from fibers.kubeconfig import Kubeconfig
 
-    api = kubeapi.Api(kubeapi.from_kubeconfig())
-    namespace = args.namespace or api.config.namespace
-    steps = pipeline.order(pipeline.fetch(api, args.name, namespace))
-    print(pipeline.render(f"{namespace}/{args.name}", steps))
-    if not steps:
+    kube = Kubeconfig(args.context)
+    namespace = None if args.all_namespaces else args.namespace or kube.namespace
+    try:
+        while True:
+            chains = {ns: pipeline.order(bodies) for ns, bodies in pipeline.fetch(kube, args.name, namespace).items()}
+            if args.output == "json":
+                looks = [pipeline.as_json(ns, args.name, steps) for ns, steps in chains.items()]
+                print(json.dumps(looks if args.all_namespaces else looks[0], indent=2), flush=True)
+            else:
+                text = "\n\n".join(pipeline.render(f"{ns}/{args.name}", steps) for ns, steps in chains.items())
+                print(text or f"no namespace has a pipeline {args.name}", flush=True)
+            code = _pipeline_code(list(chains.values()))
+            if not args.watch:
+                return code
+            time.sleep(args.interval)
+            print(flush=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        kube.close()
+
+
+def _pipeline_code(chains: list[list[Any]]) -> int:
+    from fibers import pipeline
+
+    if not any(chains):
         return 2
-    return 0 if pipeline.first_broken(steps) is None else 1
+    return 0 if all(steps and pipeline.first_broken(steps) is None for steps in chains) else 1
 
 
 def _crashed(exc: BaseException, secrets: list[str]) -> int:
@@ -158,9 +183,22 @@ def _crashed(exc: BaseException, secrets: list[str]) -> int:
     return 1
 
 
+def _version() -> str:
+    try:
+        return metadata.version("fibers")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def _program() -> str:
+    """`kubectl fibers …` runs the kubectl-fibers script (a kubectl plugin): help and errors say so."""
+    return "kubectl fibers" if os.path.basename(sys.argv[0]) == "kubectl-fibers" else "fibers"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fibers", description=__doc__)
+    parser = argparse.ArgumentParser(prog=_program(), description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run_cmd = sub.add_parser("run", help="run the operator")
@@ -181,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     pipeline_cmd = sub.add_parser("pipeline", help="print a pipeline's steps in order and its first broken link")
     pipeline_cmd.add_argument("name", help="the value of the fibers.dev/pipeline label")
     pipeline_cmd.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    pipeline_cmd.add_argument("-A", "--all-namespaces", action="store_true", help="that pipeline in every namespace")
+    pipeline_cmd.add_argument("--context", help="the kubeconfig context (default: the current one)")
+    pipeline_cmd.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    pipeline_cmd.add_argument("-w", "--watch", action="store_true", help="print it again every --interval seconds")
+    pipeline_cmd.add_argument("--interval", type=float, default=5.0, help="seconds between looks with --watch")
     pipeline_cmd.set_defaults(func=_pipeline)
 
     args = parser.parse_args(argv)

@@ -3,18 +3,27 @@
 Resources are linked by their references (connectRef, transformRef, sourceRefs) and by topics: a
 Transform or consumer that names a topic some other step writes reads from that step. The chain is
 printed upstream first; the first step that is not Ready is the first broken link — where to look.
-Pure, apart from `fetch` (one list call per kind); `fibers pipeline NAME` prints `render(order(…))`.
+Pure, apart from `fetch` (one list call per kind); `fibers pipeline NAME` prints `render(order(…))`, or
+`as_json` of it for scripts.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fibers.api import API_VERSION, CONNECT_PLURAL, DATABUS_PLURAL, LABEL_PIPELINE, TRANSFORM_PLURAL
 from fibers.conditions import find
-from fibers.kubeapi import Api, path
+from fibers.kubeapi import path
 from fibers.upstream import UPSTREAM_READY, Ref, Upstream, refs_in
+
+
+class Lister(Protocol):
+    """What lists objects: `fibers.kubeapi.Api`, or the command line's `fibers.kubeconfig.Kubeconfig`."""
+
+    def items(self, url: str, **params: Any) -> list[dict[str, Any]]: ...
+
 
 KINDS = {"Connect": CONNECT_PLURAL, "Transform": TRANSFORM_PLURAL, "DatabusConsumer": DATABUS_PLURAL}
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
@@ -132,9 +141,40 @@ def render(name: str, steps: list[Step]) -> str:
     return "\n".join(lines)
 
 
-def fetch(api: Api, name: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
-    """The pipeline's resources of each kind, one list call each."""
-    selector = f"{LABEL_PIPELINE}={name}"
+def as_json(namespace: str, name: str, steps: list[Step]) -> dict[str, Any]:
+    """What `render` prints, as data (`fibers pipeline -o json`)."""
+    broken = first_broken(steps)
     return {
-        kind: api.items(path(API_VERSION, plural, namespace), labelSelector=selector) for kind, plural in KINDS.items()
+        "namespace": namespace,
+        "pipeline": name,
+        "ready": bool(steps) and broken is None,
+        "firstBroken": broken.key if broken else None,
+        "steps": [
+            {
+                "step": step.key,
+                "kind": step.kind,
+                "name": step.body["metadata"]["name"],
+                "phase": step.status.get("phase"),
+                "ready": step.ready.get("status"),
+                "reason": step.ready.get("reason"),
+                "message": step.ready.get("message"),
+                "upstreamReady": (find(step.status.get("conditions"), UPSTREAM_READY) or {}).get("status"),
+                "readsFrom": step.reads,
+                "detail": detail(step),
+            }
+            for step in steps
+        ],
     }
+
+
+def fetch(lister: Lister, name: str, namespace: str | None) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The pipeline's resources by namespace, then kind: one list call per kind (namespace None: every
+    namespace, where a pipeline of that name is one per namespace)."""
+    selector = f"{LABEL_PIPELINE}={name}"
+    found: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: {kind: [] for kind in KINDS})
+    if namespace is not None:  # an empty pipeline is still reported, in its namespace
+        found[namespace] = {kind: [] for kind in KINDS}
+    for kind, plural in KINDS.items():
+        for body in lister.items(path(API_VERSION, plural, namespace), labelSelector=selector):
+            found[body["metadata"].get("namespace") or namespace or ""][kind].append(body)
+    return dict(sorted(found.items()))

@@ -323,9 +323,7 @@ def _resources(api: client.ApiClient) -> dict[str, dict[str, Any]]:
     custom = client.CustomObjectsApi(api)
     found = {}
     for kind, plural in PLURALS.items():
-        listing = cast(
-            dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural)
-        )
+        listing = cast(dict[str, Any], custom.list_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural))
         for item in listing["items"]:
             found[f"{kind}/{item['metadata']['name']}"] = item
     return found

@@ -3,6 +3,7 @@ downstream, Events on degrading and recovering, and `fibers pipeline` naming the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from fibers_stack import StackInfo
 from tests.helpers import Resources, wait_for
-from tests.integration.conftest import WITHOUT_KUBERNETES, OperatorProcess
+from tests.integration.conftest import OperatorProcess
 
 NEVER = "0 0 1 1 *"  # a batch Transform that waits for next New Year: it reports, and runs nothing meanwhile
 
@@ -26,14 +28,37 @@ def connects(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Reso
     return Resources(kube, "connects", namespace)
 
 
-def fibers_pipeline(stack_info: StackInfo, name: str, namespace: str) -> subprocess.CompletedProcess[str]:
+def fibers_pipeline(
+    stack_info: StackInfo, name: str, *args: str, kubeconfig: str | None = None, argv: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`fibers pipeline NAME ARGS…` as a person runs it (or `argv` instead of `python -m fibers`)."""
     return subprocess.run(
-        [sys.executable, "-m", "fibers", "pipeline", name, "-n", namespace],
+        [*(argv or (sys.executable, "-m", "fibers")), "pipeline", name, *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "KUBECONFIG": stack_info.kubeconfig, "PYTHONPATH": str(WITHOUT_KUBERNETES)},
+        env={**os.environ, "KUBECONFIG": kubeconfig or stack_info.kubeconfig},
     )
+
+
+def merged_kubeconfig(stack_info: StackInfo, directory: Path, namespace: str) -> str:
+    """KUBECONFIG as two files, as people keep them: the first names the current context and its
+    namespace, the second (the stack's) holds the cluster and the user that context uses."""
+    stack = yaml.safe_load(Path(stack_info.kubeconfig).read_text())
+    [context] = stack["contexts"]
+    first = directory / "first.yaml"
+    mine = {**context["context"], "namespace": namespace}
+    first.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "mine",
+                "contexts": [{"name": "mine", "context": mine}],
+            }
+        )
+    )
+    return os.pathsep.join([str(first), stack_info.kubeconfig])
 
 
 def file_source(path: Path, topic: str) -> dict[str, Any]:
@@ -84,7 +109,11 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
     transforms.wait_condition(report, "True", "UpstreamReady", type_="UpstreamReady")
     # A pod may consume before its first readiness probe passes: the step is Ready once the kubelet says so.
     consumers.wait_condition(view, "True", timeout=60)
-    healthy = fibers_pipeline(stack_info, unique, namespace)
+    # Through merged kubeconfig files, the namespace from the first one's context, as `kubectl fibers`.
+    plugin = str(Path(sys.executable).parent / "kubectl-fibers")
+    healthy = fibers_pipeline(
+        stack_info, unique, kubeconfig=merged_kubeconfig(stack_info, tmp_path, namespace), argv=(plugin,)
+    )
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     lines = healthy.stdout.splitlines()
     assert lines[0] == f"pipeline {namespace}/{unique}: 3 steps"
@@ -94,6 +123,11 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
         f"DatabusConsumer/{view}",
     ]
     assert lines[-1] == "every step is Ready"
+    as_json = fibers_pipeline(stack_info, unique, "-A", "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    [chain] = json.loads(as_json.stdout)  # every namespace: the pipeline is in this one only
+    assert (chain["namespace"], chain["ready"], chain["firstBroken"]) == (namespace, True, None)
+    assert [step["step"] for step in chain["steps"]] == [line.split()[1] for line in lines[2:5]]
 
     # A config whose task fails: the producer refuses the topic name of the next line, and the task stops.
     connects.patch(src, {"spec": {"config": {"topic": "not a topic!"}}})
@@ -109,7 +143,7 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
         assert f"upstream: Connect {src} is not Ready" in ready["message"]
         degraded = kind.wait_event(name, "UpstreamDegraded")
         assert degraded["type"] == "Warning" and src in degraded["message"]
-    broken = fibers_pipeline(stack_info, unique, namespace)
+    broken = fibers_pipeline(stack_info, unique, "-n", namespace)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     marked = [line for line in broken.stdout.splitlines() if line.startswith("✗")]
     assert [line.split()[1] for line in marked] == [f"Connect/{src}"]
@@ -123,7 +157,7 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
         kind.wait_condition(name, "True", "UpstreamReady", type_="UpstreamReady", timeout=30)
         assert "upstream:" not in kind.condition(name)["message"]
         assert kind.wait_event(name, "UpstreamRecovered")["type"] == "Normal"
-    assert fibers_pipeline(stack_info, unique, namespace).returncode == 0
+    assert fibers_pipeline(stack_info, unique, "-n", namespace).returncode == 0
 
 
 def test_a_missing_reference_is_a_condition_and_nothing_runs(

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-from fibers import pipeline
+from fibers import kubeconfig, pipeline
+
+WITHOUT_KUBERNETES = Path(__file__).resolve().parents[2] / "tools" / "without-kubernetes"
 
 
 def body(name: str, spec: dict[str, Any], ready: bool = True, **status: Any) -> dict[str, Any]:
@@ -66,3 +73,75 @@ def test_a_cycle_still_lists_every_step() -> None:
 
 def test_an_empty_pipeline_says_which_label_it_looked_for() -> None:
     assert "labelled fibers.dev/pipeline=none" in pipeline.render("none", [])
+
+
+class Listing:
+    """Objects by plural: what the API server would list (pure logic, no server)."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
+        self.objects = objects
+        self.urls: list[str] = []
+
+    def items(self, url: str, **params: Any) -> list[dict[str, Any]]:
+        self.urls.append(url)
+        assert params == {"labelSelector": "fibers.dev/pipeline=orders"}
+        return self.objects.get(url.rsplit("/", 1)[-1], [])
+
+
+def named(name: str, namespace: str, spec: dict[str, Any], ready: bool = True) -> dict[str, Any]:
+    obj = body(name, spec, ready)
+    obj["metadata"]["namespace"] = namespace
+    return obj
+
+
+def test_fetch_groups_every_namespace_and_json_says_what_the_table_says() -> None:
+    listing = Listing(
+        {
+            "connects": [named("cdc", "team-a", {}), named("cdc", "team-b", {}, ready=False)],
+            "databusconsumers": [named("view", "team-a", {"sourceRefs": [{"connectRef": {"name": "cdc"}}]})],
+        }
+    )
+    found = pipeline.fetch(listing, "orders", None)
+    assert listing.urls == [
+        "/apis/fibers.dev/v1beta1/connects",
+        "/apis/fibers.dev/v1beta1/transforms",
+        "/apis/fibers.dev/v1beta1/databusconsumers",
+    ]
+    assert list(found) == ["team-a", "team-b"]
+    a = pipeline.as_json("team-a", "orders", pipeline.order(found["team-a"]))
+    assert (a["ready"], a["firstBroken"]) == (True, None)
+    assert [(s["step"], s["readsFrom"], s["ready"]) for s in a["steps"]] == [
+        ("Connect/cdc", [], "True"),
+        ("DatabusConsumer/view", ["Connect/cdc"], "True"),
+    ]
+    b = pipeline.as_json("team-b", "orders", pipeline.order(found["team-b"]))
+    assert (b["ready"], b["firstBroken"], b["steps"][0]["reason"]) == (False, "Connect/cdc", "TasksFailed")
+
+
+def test_an_empty_pipeline_in_one_namespace_is_still_reported_there() -> None:
+    listing = Listing({})
+    found = pipeline.fetch(listing, "orders", "team-a")
+    assert listing.urls[0] == "/apis/fibers.dev/v1beta1/namespaces/team-a/connects"
+    assert list(found) == ["team-a"] and pipeline.order(found["team-a"]) == []
+    assert pipeline.as_json("team-a", "orders", [])["ready"] is False
+
+
+def test_without_the_kubernetes_package_the_command_says_what_to_install() -> None:
+    """The operator image has no `kubernetes` package; the laptop command line needs it (fibers[cli])."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fibers", "pipeline", "orders"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(WITHOUT_KUBERNETES)},
+    )
+    assert result.returncode == 1 and result.stderr.strip() == kubeconfig.INSTALL_HINT
+    assert "Traceback" not in result.stderr
+
+
+def test_version_and_the_kubectl_plugin_name() -> None:
+    result = subprocess.run([sys.executable, "-m", "fibers", "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and re.fullmatch(r"fibers \S+\n", result.stdout), result.stdout
+    plugin = Path(sys.executable).parent / "kubectl-fibers"  # installed beside `fibers` (pyproject's scripts)
+    result = subprocess.run([plugin, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: kubectl fibers")
