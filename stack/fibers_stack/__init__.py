@@ -164,8 +164,8 @@ def up() -> StackInfo:
         log.warning("stopping a stack that was not recorded", extra={"processes": sorted(orphans.pids)})
         _stop_all(orphans)
     # Builds happen here, once, before any server starts; the images last (they need the binaries).
-    # Argo CD is built by `fibers-stack fetch` (make test) or when a test first starts it, not here.
-    fetch.fetch_all([name for name in fetch.COMPONENTS if name not in ("images", "argocd")])
+    # Argo CD is built when a test first starts it (fetch.ON_DEMAND), not here.
+    fetch.fetch_all([name for name in fetch.COMPONENTS if name != "images" and name not in fetch.ON_DEMAND])
     built = images.build_all()
 
     root = run_dir()

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from fibers import logs
+
+JSON_ENV = "FIBERS_STACK_LOG_JSON"
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -66,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="start the stack (a real one-node cluster, Kafka, Connect, …) or show the running one")
     sub.add_parser("down", help="stop everything and leave nothing behind (processes, mounts, bridges, chains)")
     sub.add_parser("status", help="the stack's processes, the node and its system pods")
-    fetch_cmd = sub.add_parser("fetch", help="build or fetch every component into the cache")
-    fetch_cmd.add_argument("components", nargs="*", help="only these (kubernetes, kafka, images, …)")
+    fetch_cmd = sub.add_parser("fetch", help="build or fetch every component into the cache (Argo CD: when named)")
+    fetch_cmd.add_argument("components", nargs="*", help="only these (kubernetes, kafka, images, argocd, …)")
     demo_cmd = sub.add_parser("demo", help="run the sample pipeline of examples/ on the local stack")
     demo_cmd.add_argument("--no-tty", action="store_true", help="plain output (no redrawn table)")
     image_cmd = sub.add_parser(
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     image_cmd.add_argument("--name", help="image name (default: user-<folder>); prints name:tag")
     handlers = {"up": _up, "down": _down, "status": _status, "fetch": _fetch, "demo": _demo, "user-image": _user_image}
     args = parser.parse_args(argv)
-    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
+    # A person's tool: lines to read, in a terminal or piped to tee alike (FIBERS_STACK_LOG_JSON=1: JSON).
+    logs.setup(logging.DEBUG if args.verbose else logging.INFO, json_lines=os.environ.get(JSON_ENV) == "1")
     return handlers[args.command](args)
 
 
