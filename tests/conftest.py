@@ -6,6 +6,7 @@ FIBERS_STACK_REUSE=1 reuses a running stack (`fibers-stack up`) and leaves it ru
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 import fibers_stack as stack
-from fibers_stack import StackInfo
+from fibers_stack import StackInfo, demo_pause
 from fibers_stack import crds as fibers_crds
 
 
@@ -29,7 +30,16 @@ def stack_info() -> Iterator[StackInfo]:
     info = stack.up()
     saved = dict(os.environ)
     os.environ.update(info.env())
+    api = config.new_client_from_config(config_file=info.kubeconfig)
+    suspended = demo_pause.suspend(api)
+    if suspended:  # bypasses pytest's capture: a person sees why their demo went quiet
+        names = ", ".join(f"{plural}/{name}" for plural, name, _ in suspended)
+        sys.__stderr__.write(f"\nthe demo's pipeline (namespace shop) is suspended while the tests run: {names}\n")
     yield info
+    try:
+        demo_pause.resume(api, suspended)
+    finally:
+        api.close()
     os.environ.clear()
     os.environ.update(saved)
     if not (reuse or was_running):
