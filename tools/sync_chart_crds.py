@@ -1,5 +1,7 @@
 """Keep the Helm chart's generated files in step with their sources.
 
+- operator/fibers/crds/*.yaml are copies of crds/*.yaml too: the operator image applies them before an
+  upgrade (`fibers crds apply`, the chart's pre-upgrade hook);
 - charts/fibers/crds/*.yaml are byte-for-byte copies of crds/*.yaml and crds/kopf/*.yaml (kopf's
   peering CRDs, for the standby) — the one source of truth; helm does not follow symlinks reliably,
   so the chart carries copies;
@@ -21,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"
 KOPF_CRDS = CRDS / "kopf"  # shared with every kopf operator: installed once, never removed by the chart
 CHART = REPO / "charts" / "fibers"
+PACKAGE_CRDS = REPO / "operator" / "fibers" / "crds"  # in the operator image: `fibers crds apply` (the upgrade hook)
 HEALTH_LUA = CHART / "argocd" / "health.lua"
 APPLICATION_LUA = CHART / "argocd" / "application-health.lua"
 ARGOCD_VALUES = CHART / "argocd" / "argocd-cm-values.yaml"
@@ -62,6 +65,7 @@ def expected() -> dict[Path, bytes]:
     """Every generated file and the content it should have."""
     sources = sorted(CRDS.glob("*.yaml")) + sorted(KOPF_CRDS.glob("*.yaml"))
     files = {CHART / "crds" / src.name: src.read_bytes() for src in sources}
+    files |= {PACKAGE_CRDS / src.name: src.read_bytes() for src in sorted(CRDS.glob("*.yaml"))}
     files[ARGOCD_VALUES] = argocd_values(HEALTH_LUA.read_text(), APPLICATION_LUA.read_text()).encode()
     return files
 
@@ -70,7 +74,9 @@ def stale() -> list[str]:
     """Generated files that are missing, different, or left over from a CRD that is gone."""
     want = expected()
     problems = [str(p.relative_to(REPO)) for p, data in want.items() if not p.exists() or p.read_bytes() != data]
-    problems += [str(p.relative_to(REPO)) for p in (CHART / "crds").glob("*.yaml") if p not in want]
+    problems += [
+        str(p.relative_to(REPO)) for d in (CHART / "crds", PACKAGE_CRDS) for p in d.glob("*.yaml") if p not in want
+    ]
     return sorted(problems)
 
 
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stale: {name}")
         return 1 if problems else 0
     want = expected()
-    for path in (CHART / "crds").glob("*.yaml"):
+    for path in [*(CHART / "crds").glob("*.yaml"), *PACKAGE_CRDS.glob("*.yaml")]:
         if path not in want:
             path.unlink()
     for path, data in want.items():

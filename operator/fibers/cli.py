@@ -177,6 +177,19 @@ def _pipeline_code(chains: list[list[Any]]) -> int:
     return 0 if all(steps and pipeline.first_broken(steps) is None for steps in chains) else 1
 
 
+def _crds(args: argparse.Namespace) -> int:
+    """Apply this version's CRDs (what the chart's pre-upgrade hook runs); exit 1 naming what failed."""
+    from fibers import crdsync, kubeapi
+
+    try:
+        names = crdsync.apply(kubeapi.Api(), crdsync.bundled())
+    except (kubeapi.ApiError, kubeapi.Unreachable, TimeoutError) as exc:
+        logging.getLogger("fibers.crds").error("the CRDs were not applied", extra={"error": str(exc)})
+        return 1
+    logging.getLogger("fibers.crds").info("every CRD is at this version", extra={"crds": names})
+    return 0
+
+
 def _crashed(exc: BaseException, secrets: list[str]) -> int:
     """Exit 1 with the traceback Python would print, the secret values (URIs in pymongo's errors) masked."""
     sys.stderr.write(redact("".join(traceback.format_exception(exc)), secrets))
@@ -225,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     pipeline_cmd.add_argument("-w", "--watch", action="store_true", help="print it again every --interval seconds")
     pipeline_cmd.add_argument("--interval", type=float, default=5.0, help="seconds between looks with --watch")
     pipeline_cmd.set_defaults(func=_pipeline)
+
+    crds_cmd = sub.add_parser("crds", help="apply this version's CRDs (the chart's pre-upgrade hook runs it)")
+    crds_cmd.add_argument("action", choices=["apply"])
+    crds_cmd.set_defaults(func=_crds)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

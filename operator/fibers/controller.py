@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from fibers import logs
-from fibers.api import FINALIZER, GROUP, VERSION
+from fibers.api import FINALIZER
 from fibers.connect import handlers as _connect_handlers  # registers handlers
 from fibers.connect.clusters import PLURAL as CONNECT_CLUSTERS
 from fibers.connect.registry import ConnectClusters
@@ -48,18 +48,6 @@ CLUSTER_PLURALS = (CONNECT_CLUSTERS, REGISTRIES)
 NAMESPACED_PLURALS = (CONNECTS, TRANSFORMS, CONSUMERS, SCHEMAS)
 
 
-async def _seen_by_its_watch(
-    resource: kopf.Resource, namespace: str | None, name: str, memo: kopf.Memo, **_: Any
-) -> None:
-    """Every object kopf hands over, at its start-up listing too: the pod's Ready waits for them."""
-    readiness: Readiness = memo.readiness
-    readiness.seen(resource.plural, namespace, name)
-
-
-for _plural in (*CLUSTER_PLURALS, *NAMESPACED_PLURALS):
-    kopf.on.event(GROUP, VERSION, _plural)(_seen_by_its_watch)
-
-
 # Handlers called on every watch event: kopf's line after each call is dropped (`logs.WatchHandlerSuccess`).
 _WATCHING: tuple[Callable[..., Any], ...] = (
     _connect_handlers.connect_event,
@@ -68,7 +56,6 @@ _WATCHING: tuple[Callable[..., Any], ...] = (
     _transform_handlers.transform_event,
     _schema_handlers.registry_event,
     _schema_handlers.schema_event,
-    _seen_by_its_watch,
 )
 WATCH_HANDLERS = {handler.__qualname__ for handler in _WATCHING}  # kopf's handler ids
 

@@ -10,7 +10,13 @@ and imported only here, only when the command runs.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from fibers.api import GROUP, VERSION
 
 INSTALL_HINT = "fibers pipeline needs the kubernetes package: pip install 'fibers[cli]'"
 
@@ -23,25 +29,41 @@ class Kubeconfig:
             from kubernetes import config
         except ImportError as exc:
             raise SystemExit(INSTALL_HINT) from exc
-        contexts, current = config.list_kube_config_contexts()
-        chosen = next((c for c in contexts if c["name"] == context), None) if context else current
-        if chosen is None:
-            raise SystemExit(f"no context {context!r} in the kubeconfig")
-        self.namespace: str = (chosen.get("context") or {}).get("namespace") or "default"
-        self._client = config.new_client_from_config(context=chosen["name"])
+        try:
+            contexts, current = config.list_kube_config_contexts()
+            context = context or _first_current_context() or current["name"]
+            chosen = next((c for c in contexts if c["name"] == context), None)
+            if chosen is None:
+                raise SystemExit(f"no context {context!r} in the kubeconfig")
+            self.namespace: str = (chosen.get("context") or {}).get("namespace") or "default"
+            self._client = config.new_client_from_config(context=chosen["name"])
+        except config.ConfigException as exc:  # a person's file: say what is wrong with it, no traceback
+            raise SystemExit(f"kubeconfig: {exc}") from None
 
-    def items(self, url: str, **params: Any) -> list[dict[str, Any]]:
-        """A list's items, as `fibers.kubeapi.Api.items` gives them (`labelSelector=…` as a keyword)."""
-        data = self._client.call_api(
-            url,
-            "GET",
-            query_params=list(params.items()),
-            header_params={"Accept": "application/json"},
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-        )
-        return list(data.get("items") or [])
+    def custom_objects(self, plural: str, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        """Fibers objects of a kind with these labels, in a namespace (None: every namespace)."""
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._client)
+        if namespace is None:
+            listing = api.list_cluster_custom_object(GROUP, VERSION, plural, label_selector=label_selector)
+        else:
+            listing = api.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, label_selector=label_selector
+            )
+        return list(cast(dict[str, Any], listing).get("items") or [])
 
     def close(self) -> None:
         self._client.close()
+
+
+def _first_current_context() -> str | None:
+    """The current context as kubectl picks it from several KUBECONFIG files: the first file that names
+    one (the kubernetes package lets a later file override it)."""
+    for path in os.environ.get("KUBECONFIG", "").split(os.pathsep):
+        file = Path(path).expanduser() if path else None
+        if file and file.is_file():
+            named = (yaml.safe_load(file.read_text()) or {}).get("current-context")
+            if named:
+                return str(named)
+    return None

@@ -13,16 +13,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fibers.api import API_VERSION, CONNECT_PLURAL, DATABUS_PLURAL, LABEL_PIPELINE, TRANSFORM_PLURAL
+from fibers.api import CONNECT_PLURAL, DATABUS_PLURAL, LABEL_PIPELINE, TRANSFORM_PLURAL
 from fibers.conditions import find
-from fibers.kubeapi import path
 from fibers.upstream import UPSTREAM_READY, Ref, Upstream, refs_in
 
 
 class Lister(Protocol):
-    """What lists objects: `fibers.kubeapi.Api`, or the command line's `fibers.kubeconfig.Kubeconfig`."""
+    """What lists Fibers objects: the command line's `fibers.kubeconfig.Kubeconfig`."""
 
-    def items(self, url: str, **params: Any) -> list[dict[str, Any]]: ...
+    def custom_objects(self, plural: str, namespace: str | None, label_selector: str) -> list[dict[str, Any]]: ...
 
 
 KINDS = {"Connect": CONNECT_PLURAL, "Transform": TRANSFORM_PLURAL, "DatabusConsumer": DATABUS_PLURAL}
@@ -175,6 +174,6 @@ def fetch(lister: Lister, name: str, namespace: str | None) -> dict[str, dict[st
     if namespace is not None:  # an empty pipeline is still reported, in its namespace
         found[namespace] = {kind: [] for kind in KINDS}
     for kind, plural in KINDS.items():
-        for body in lister.items(path(API_VERSION, plural, namespace), labelSelector=selector):
+        for body in lister.custom_objects(plural, namespace, selector):
             found[body["metadata"].get("namespace") or namespace or ""][kind].append(body)
     return dict(sorted(found.items()))

@@ -56,7 +56,9 @@ def resume(api: client.ApiClient, changed: Suspended) -> None:
     custom = client.CustomObjectsApi(api)
     for plural, name, state in changed:
         try:
-            current = custom.get_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural, name)
+            current = cast(
+                dict[str, Any], custom.get_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural, name)
+            )
             if (current.get("spec") or {}).get("state") == IDLE[plural]:
                 patch = {"spec": {"state": state}}
                 custom.patch_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, plural, name, patch)

@@ -553,6 +553,30 @@ def test_the_installed_operator_is_ready_by_its_own_readyz(
     assert (answer.status_code, answer.json()) == (200, {"ready": True, "waiting": []})
 
 
+def test_helm_upgrade_brings_the_crds_to_this_version_and_leaves_the_operator_running(
+    helm: Path, kube: ApiClient, stack_info: StackInfo, chart_operator: ChartOperator, release: dict[str, Any]
+) -> None:
+    """Helm never upgrades crds/: the chart's pre-upgrade hook applies this version's CRDs from the image."""
+    ext = client.ApiextensionsV1Api(kube)
+    crd = "schemas.fibers.dev"
+    alpha = [v.name for v in ext.read_custom_resource_definition(crd).spec.versions].index("v1alpha1")
+    older = [{"op": "remove", "path": f"/spec/versions/{alpha}/deprecationWarning"}]  # as an older release had it
+    ext.patch_custom_resource_definition(crd, older)  # a list: a JSON patch
+    assert ext.read_custom_resource_definition(crd).spec.versions[alpha].deprecation_warning is None
+    before = chart_operator.pod().metadata.uid
+    base = [helm, "--kubeconfig", stack_info.kubeconfig, "--namespace", release["namespace"]]
+    run([*base, "upgrade", release["name"], CHART, "--reuse-values", "--wait", "--timeout", "3m"])
+    assert "deprecated" in ext.read_custom_resource_definition(crd).spec.versions[alpha].deprecation_warning
+    # The hook's Job and its rights are gone again; nothing of the operator changed, so it was not restarted.
+    assert not client.BatchV1Api(kube).list_namespaced_job(release["namespace"]).items
+    assert not [
+        r
+        for r in client.RbacAuthorizationV1Api(kube).list_cluster_role().items
+        if r.metadata.name == f"{release['name']}-crds"
+    ]
+    assert chart_operator.pod().metadata.uid == before
+
+
 def test_operator_with_the_chart_rbac_makes_a_connect_ready(
     chart_operator: ChartOperator,
     release: dict[str, Any],

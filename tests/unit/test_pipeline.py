@@ -82,10 +82,10 @@ class Listing:
         self.objects = objects
         self.urls: list[str] = []
 
-    def items(self, url: str, **params: Any) -> list[dict[str, Any]]:
-        self.urls.append(url)
-        assert params == {"labelSelector": "fibers.dev/pipeline=orders"}
-        return self.objects.get(url.rsplit("/", 1)[-1], [])
+    def custom_objects(self, plural: str, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        self.urls.append(f"{namespace or '*'}/{plural}")
+        assert label_selector == "fibers.dev/pipeline=orders"
+        return [o for o in self.objects.get(plural, []) if namespace in (None, o["metadata"]["namespace"])]
 
 
 def named(name: str, namespace: str, spec: dict[str, Any], ready: bool = True) -> dict[str, Any]:
@@ -102,11 +102,7 @@ def test_fetch_groups_every_namespace_and_json_says_what_the_table_says() -> Non
         }
     )
     found = pipeline.fetch(listing, "orders", None)
-    assert listing.urls == [
-        "/apis/fibers.dev/v1beta1/connects",
-        "/apis/fibers.dev/v1beta1/transforms",
-        "/apis/fibers.dev/v1beta1/databusconsumers",
-    ]
+    assert listing.urls == ["*/connects", "*/transforms", "*/databusconsumers"]  # one list call per kind
     assert list(found) == ["team-a", "team-b"]
     a = pipeline.as_json("team-a", "orders", pipeline.order(found["team-a"]))
     assert (a["ready"], a["firstBroken"]) == (True, None)
@@ -121,7 +117,7 @@ def test_fetch_groups_every_namespace_and_json_says_what_the_table_says() -> Non
 def test_an_empty_pipeline_in_one_namespace_is_still_reported_there() -> None:
     listing = Listing({})
     found = pipeline.fetch(listing, "orders", "team-a")
-    assert listing.urls[0] == "/apis/fibers.dev/v1beta1/namespaces/team-a/connects"
+    assert listing.urls[0] == "team-a/connects"
     assert list(found) == ["team-a"] and pipeline.order(found["team-a"]) == []
     assert pipeline.as_json("team-a", "orders", [])["ready"] is False
 

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 
 from fibers import controller, metrics
 from fibers.api import GROUP, VERSION
+from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
 from fibers.transform import handlers
 from fibers.transform.spec import KIND, PLURAL
@@ -54,7 +55,7 @@ def test_a_deleted_event_drops_the_transforms_series_and_its_queue_entry() -> No
     async def event(kind: str) -> None:
         handler: Any = handlers.transform_event  # called as kopf calls it, with the keywords it uses
         raw: Any = {"type": kind, "object": body}
-        await handler(event=raw, body=kopf.Body(raw["object"]), memo=kopf.Memo(reconciles=queue))
+        await handler(event=raw, body=kopf.Body(raw["object"]), memo=kopf.Memo(reconciles=queue, readiness=Readiness()))
 
     asyncio.run(event("MODIFIED"))  # any other event leaves both alone
     assert _series("gone-etl") and queue.due(KIND, "shop", "gone-etl") is not None

@@ -15,6 +15,7 @@ from fibers import metrics
 from fibers.api import GROUP, VERSION
 from fibers.databus.reconciler import DatabusReconciler
 from fibers.databus.workload import KIND, PLURAL
+from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
 
 
@@ -23,6 +24,8 @@ from fibers.reconciles import Reconciles
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def consumer_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """New, changed, or found at start-up: looked at now."""
+    readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
+    readiness.seen(PLURAL, body["metadata"]["namespace"], body["metadata"]["name"])
     reconciles: Reconciles = memo.reconciles
     reconciles.soon(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
 
@@ -31,6 +34,8 @@ async def consumer_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def consumer_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The StatefulSet and the Leases go with their owner; the checkpoint ConfigMap stays unless retention is Delete."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    readiness: Readiness = memo.readiness  # found being deleted at start-up: handed over all the same
+    readiness.seen(PLURAL, namespace, name)
     reconciles: Reconciles = memo.reconciles
     await reconciles.retire(KIND, namespace, name)  # a reconcile in flight sets no series after this
     metrics.forget_consumer(namespace, name)

@@ -12,6 +12,7 @@ import kopf
 
 from fibers.api import GROUP, VERSION
 from fibers.outages import api_outage_is_temporary
+from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.settings import SchemaSettings
@@ -70,6 +71,8 @@ async def schema_tick(
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def schema_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Any change, its registration in status too: Transforms whose Avro inputs name it look again."""
+    readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
+    readiness.seen(PLURAL, body["metadata"]["namespace"], body["metadata"]["name"])
     reconciles: Reconciles = memo.reconciles
     reconciles.changed(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
 
@@ -83,4 +86,6 @@ async def schema_deleted(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> Non
 async def registry_event(event: kopf.RawEvent, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Watch events only: kopf's own handlers (and timers) would put a finalizer on a platform team's
     SchemaRegistry, which then outlives an uninstalled operator. `SchemaOperator.run` probes them."""
+    readiness: Readiness = memo.readiness
+    readiness.seen(REGISTRIES, None, name)
     _operator(memo).observe_registry(event.get("type"), name, dict(body))

@@ -20,6 +20,7 @@ import kopf
 
 from fibers import metrics
 from fibers.api import GROUP, VERSION
+from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
 from fibers.transform.spec import KIND, PLURAL
 
@@ -38,6 +39,8 @@ async def transform_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     """Any change, its status's too: the Transforms and consumers reading its output look again.
     Gone: its series and queue entry go with it (a missed DELETED leaves only series, until a restart)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
+    readiness.seen(PLURAL, namespace, name)
     reconciles: Reconciles = memo.reconciles
     if event.get("type") == "DELETED":
         await reconciles.retire(KIND, namespace, name)  # a reconcile in flight sets no series after this
