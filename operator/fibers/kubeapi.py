@@ -16,10 +16,12 @@ usable answer, or no credentials to ask with), so their handling of those two co
 
 from __future__ import annotations
 
+import atexit
 import base64
 import email.utils
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import tempfile
@@ -195,10 +197,12 @@ _private_dir: str | None = None
 
 
 def _private_file(content: bytes) -> str:
-    """A file only this user can read (ssl loads certificates and keys from files)."""
+    """A file only this user can read (ssl loads certificates and keys from files), removed at exit: a
+    client key must not outlive the process in /tmp."""
     global _private_dir
     if _private_dir is None:
         _private_dir = tempfile.mkdtemp(prefix="fibers-kube-")
+        atexit.register(shutil.rmtree, _private_dir, True)
     fd, name = tempfile.mkstemp(dir=_private_dir)
     with os.fdopen(fd, "wb") as out:
         out.write(content)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -202,3 +203,11 @@ def test_an_exec_plugin_that_is_not_installed_is_unreachable(answers: Answers, t
     with pytest.raises(kubeapi.Unreachable) as caught:
         api.get("/api/v1/namespaces")
     assert "gke-gcloud-auth-plugin" in str(caught.value)
+
+
+def test_key_files_written_for_ssl_are_removed_at_exit(tmp_path: Path) -> None:
+    """A kubeconfig's inline client key goes to a private file for ssl; it must not outlive the process."""
+    script = "from fibers import kubeapi; print(kubeapi._private_file(b'-----BEGIN PRIVATE KEY-----'))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    written = Path(result.stdout.strip())
+    assert written.name and not written.exists() and not written.parent.exists()
