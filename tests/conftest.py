@@ -5,8 +5,8 @@ FIBERS_STACK_REUSE=1 reuses a running stack (`fibers-stack up`) and leaves it ru
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -23,7 +23,7 @@ from fibers_stack import crds as fibers_crds
 
 
 @pytest.fixture(scope="session")
-def stack_info() -> Iterator[StackInfo]:
+def stack_info(request: pytest.FixtureRequest) -> Iterator[StackInfo]:
     reuse = os.environ.get("FIBERS_STACK_REUSE") == "1"
     before = stack.current()
     was_running = bool(before and before.pids and not before.dead())
@@ -32,9 +32,11 @@ def stack_info() -> Iterator[StackInfo]:
     os.environ.update(info.env())
     api = config.new_client_from_config(config_file=info.kubeconfig)
     suspended = demo_pause.suspend(api)
-    if suspended:  # bypasses pytest's capture: a person sees why their demo went quiet
+    if suspended:  # past pytest's capture (it holds file descriptor 2 too): why the demo went quiet
         names = ", ".join(f"{plural}/{name}" for plural, name, _ in suspended)
-        sys.__stderr__.write(f"\nthe demo's pipeline (namespace shop) is suspended while the tests run: {names}\n")
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print(f"\nthe demo's pipeline (namespace shop) is suspended while the tests run: {names}", flush=True)
     yield info
     try:
         demo_pause.resume(api, suspended)
