@@ -177,8 +177,13 @@ def _owner_changed(reconciles: Reconciles, kind: str, delay: float) -> Callable[
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.watches.stop()
-    tasks = [memo.connect_task, memo.connect_clusters_task, memo.schemas_task, memo.reconciles_task]
-    tasks.append(memo.readiness_task)
+    tasks = [
+        memo.connect_task,
+        memo.connect_clusters_task,
+        memo.schemas_task,
+        memo.reconciles_task,
+        memo.readiness_task,
+    ]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from fibers.readiness import Readiness, ReadinessPolicy
 from fibers.reconciles import Pacing, Reconciles
 
 FAST = ReadinessPolicy(relist_seconds=0.01, queue_lag_seconds=0.05)
+
+
+def listing_of(stock: dict[str, set[tuple[str, str]]]) -> Callable[[str], Awaitable[set[tuple[str, str]]]]:
+    """What the API server lists of each kind: `stock` as it is at each call."""
+
+    async def listing(plural: str) -> set[tuple[str, str]]:
+        return set(stock.get(plural, set()))
+
+    return listing
 
 
 def test_not_ready_until_started_and_every_object_listed_at_start_up_is_seen() -> None:
@@ -19,11 +29,7 @@ def test_not_ready_until_started_and_every_object_listed_at_start_up_is_seen() -
         # kopf may hand an object over before the listing ends: it is not waited for again.
         readiness.seen("connects", "team-a", "early")
         stock = {"connects": {("team-a", "early"), ("team-a", "late")}, "connectclusters": {("", "main")}}
-
-        async def listing(plural: str) -> set[tuple[str, str]]:
-            return set(stock[plural])
-
-        task = asyncio.create_task(readiness.take_stock(["connects", "connectclusters"], listing))
+        task = asyncio.create_task(readiness.take_stock(["connects", "connectclusters"], listing_of(stock)))
         await asyncio.sleep(0.005)
         assert readiness.waiting() == [
             "1 connectclusters listed at start-up, not yet seen by their watch: main",
@@ -42,11 +48,7 @@ def test_an_object_deleted_before_its_watch_listed_it_is_struck_off() -> None:
         readiness = Readiness(FAST)
         readiness.started()
         stock = {"transforms": {("ns", "gone"), ("ns", "kept")}}
-
-        async def listing(plural: str) -> set[tuple[str, str]]:
-            return set(stock[plural])
-
-        task = asyncio.create_task(readiness.take_stock(["transforms"], listing))
+        task = asyncio.create_task(readiness.take_stock(["transforms"], listing_of(stock)))
         await asyncio.sleep(0.005)
         readiness.seen("transforms", "ns", "kept")
         assert readiness.waiting() == ["1 transforms listed at start-up, not yet seen by their watch: ns/gone"]
@@ -84,11 +86,7 @@ def test_gates_add_their_reasons() -> None:
         waits = ["the first listing of pods.core (fibers.dev/consumer) in team-a"]
         readiness.gate(lambda: list(waits))
         readiness.started()
-
-        async def nothing(plural: str) -> set[tuple[str, str]]:
-            return set()
-
-        await readiness.take_stock(["connects"], nothing)
+        await readiness.take_stock(["connects"], listing_of({}))
         assert readiness.waiting() == waits
         waits.clear()
         assert readiness.waiting() == []
