@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint unit system-packages stack-fetch stack-up stack-down demo demo-down clean-venv
+.PHONY: test lint unit system-packages stack-fetch stack-up stack-down demo demo-down images clean-venv
 
 $(BIN)/.installed: pyproject.toml stack/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ demo: stack-fetch
 	$(BIN)/fibers-stack demo
 
 demo-down: stack-down
+
+# The operator's two images (the Dockerfile's operator and job targets), built with buildah and pushed to
+# REGISTRY (e.g. make images REGISTRY=registry.example.com/platform; log in first with buildah login), or to
+# the running local stack's registry without it. Writes the chart's image values, by digest, to VALUES.
+VALUES ?= fibers-images.yaml
+images: $(BIN)/.installed system-packages
+	$(BIN)/fibers-stack images $(if $(REGISTRY),--push $(REGISTRY)) $(if $(CERT_DIR),--cert-dir $(CERT_DIR)) --values $(VALUES)
 
 clean-venv:
 	rm -rf $(VENV)

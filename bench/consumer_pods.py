@@ -45,7 +45,7 @@ class ConsumerPod:
         container = {
             "name": "consumer",
             "image": image,
-            "imagePullPolicy": "Never",
+            "imagePullPolicy": "IfNotPresent",
             "args": ["consume", "--config", json.dumps(config), "--metrics-port", str(METRICS_PORT)],
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
             "readinessProbe": READINESS_PROBE,

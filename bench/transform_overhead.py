@@ -145,7 +145,7 @@ def run_handwritten(
             "type": "Python",
             "mode": "cluster",
             "image": info.images["job"],
-            "imagePullPolicy": "Never",
+            "imagePullPolicy": "IfNotPresent",
             "mainApplicationFile": "local:///bench/hand_written.py",
             "arguments": [info.kafka_bootstrap, topic, f"{topic}-{name}"],
             "sparkVersion": "4.0.0",

@@ -39,6 +39,7 @@ from fibers_stack import (
     postgres,
     process,
     prometheus,
+    registry,
     spark_operator,
 )
 from fibers_stack.launcher import Launcher
@@ -62,6 +63,7 @@ STOP_ORDER = (
     "kubelet",
     "kube-proxy",
     "containerd",
+    "registry",
     "kube-apiserver",
     "etcd",
 )
@@ -84,7 +86,12 @@ class StackInfo:
     kube_pki: str = ""
     audit_log: str = ""  # the API server's audit log (JSON lines; `audit.requests` reads it)
     node_ip: str = network.NODE_IP
-    images: dict[str, str] = field(default_factory=dict)
+    image_registry: str = ""  # host:port of the stack's OCI registry (`registry`), over TLS
+    image_registry_ca: str = ""  # the CA its certificate is signed by (PEM file)
+    chart: str = ""  # the operator's chart in that registry: oci://<registry>/charts/fibers
+    chart_version: str = ""
+    images: dict[str, str] = field(default_factory=dict)  # by role, in the registry, by digest (pods use these)
+    built: dict[str, str] = field(default_factory=dict)  # by role, as built (localhost/<name>:<tag>, buildah's)
     pids: dict[str, int] = field(default_factory=dict)
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -101,7 +108,7 @@ class StackInfo:
             "FIBERS_MONGODB_URI": self.mongodb_uri,
             "FIBERS_SPARK_KAFKA_JARS": self.spark_kafka_jars,
             "FIBERS_JOB_IMAGE": self.images.get("job", ""),
-            "FIBERS_JOB_IMAGE_PULL_POLICY": "Never",
+            "FIBERS_JOB_IMAGE_PULL_POLICY": "IfNotPresent",
             "FIBERS_ALLOW_HOST_PATH": "true",  # the one-node stack's pipelines read and write files on the node
         }
         if self.registry_url:
@@ -109,12 +116,12 @@ class StackInfo:
         return env
 
     def chart_values(self, namespaces: list[str]) -> dict[str, Any]:
-        """Values for charts/fibers on this stack: the images it built (never pulled), its endpoints,
+        """Values for charts/fibers on this stack: its images (from its registry, by digest), its endpoints,
         and the namespaces to watch. Callers add what they turn on."""
 
         def image(ref: str) -> dict[str, str]:
-            repository, _, tag = ref.rpartition(":")
-            return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+            host, name, tag, digest = images.parse(ref)
+            return {"registry": host, "repository": name, "tag": tag, "digest": digest, "pullPolicy": "IfNotPresent"}
 
         return {
             "image": image(self.images["operator"]),
@@ -126,16 +133,23 @@ class StackInfo:
             "policy": {"allowHostPath": True},  # the one-node stack's pipelines read and write files on the node
         }
 
+    def chart_source(self) -> list[str]:
+        """The chart argument of `helm install`/`upgrade` on this stack: from its registry, as a user installs it."""
+        return [self.chart, "--version", self.chart_version, "--ca-file", self.image_registry_ca]
+
     def dead(self) -> list[str]:
         return [name for name, pid in self.pids.items() if not process.alive(pid)]
 
 
 def user_image(info: StackInfo, name: str, context: Path) -> str:
-    """Build a user's image from the Dockerfile in `context` (FROM the stack's job image) and load it into
-    the node's containerd, as a user pushes theirs to a registry the cluster pulls from."""
-    ref = images.on_job_image(name, context, info.images["job"])
-    images.import_one(str(node.containerd_socket(Path(info.run_dir))), ref)
-    return ref
+    """Build a user's image from the Dockerfile in `context` (FROM the stack's job image) and push it to the
+    stack's registry, as a user pushes theirs to a registry the cluster pulls from; its reference by digest."""
+    ref = images.on_job_image(name, context, info.built["job"])
+    return images.push(_registry(info), ref)
+
+
+def _registry(info: StackInfo) -> registry.Registry:
+    return registry.Registry(host=info.image_registry, ca=Path(info.image_registry_ca))
 
 
 def _state_file() -> Path:
@@ -174,10 +188,10 @@ def up() -> StackInfo:
     root.chmod(0o755)
     network.setup()
     launcher = Launcher(root)
-    info = StackInfo(run_dir=str(root), spark_kafka_jars=str(fetch.spark_kafka_jars()), images=built.refs())
+    info = StackInfo(run_dir=str(root), spark_kafka_jars=str(fetch.spark_kafka_jars()), built=built.refs())
     started = time.monotonic()
     components: dict[str, Callable[[], dict[str, str]]] = {
-        "kubernetes": lambda: _start_kubernetes(launcher, built),
+        "kubernetes": lambda: _start_kubernetes(launcher, built, info),
         "kafka": lambda: kafka.start(launcher),
         "postgres": lambda: postgres.start(launcher),
         "ferretdb": lambda: ferretdb.start(launcher),
@@ -204,22 +218,23 @@ def up() -> StackInfo:
     return info
 
 
-def _start_kubernetes(launcher: Launcher, built: images.Images) -> dict[str, str]:
-    """Control plane and containerd side by side, then the node, CoreDNS and the Spark Operator."""
+def _start_kubernetes(launcher: Launcher, built: images.Images, info: StackInfo) -> dict[str, str]:
+    """Control plane and the runtime (the registry, then containerd) side by side, then the node, CoreDNS
+    and the Spark Operator. Records the registry, the images and the chart in `info`."""
     from kubernetes import config
 
     with ThreadPoolExecutor(2) as pool:
         plane = pool.submit(kube.start, launcher)
-        runtime = pool.submit(_start_runtime, launcher, built)
+        runtime = pool.submit(_start_runtime, launcher, built, info)
         endpoints = plane.result()
         runtime.result()
     node.start_kubelet(launcher, endpoints["apiserver"], Path(endpoints["kube_pki"]))
     node.start_kube_proxy(launcher, endpoints["kubeconfig"])
     api = config.new_client_from_config(config_file=endpoints["kubeconfig"])
     try:
-        coredns.install(api, built.coredns)
+        coredns.install(api, info.images["coredns"])
         prometheus.install_crds(api)
-        spark_operator.install(api, endpoints["kubeconfig"], built.spark_operator, run_dir=launcher.run_dir)
+        spark_operator.install(api, endpoints["kubeconfig"], info.images["spark-operator"], run_dir=launcher.run_dir)
         process.wait_until(
             lambda: coredns.ready(api),
             name="coredns",
@@ -237,24 +252,30 @@ def _with_current_images(running: StackInfo) -> StackInfo:
 
     An edit under operator/ since the stack started is a new image tag. Without this, pods of a reused stack
     ran the old code, and an image built FROM the job image (`user_image`) failed: building the new tag had
-    removed the old one's archive. The new images are imported next to the old ones, which pods started
-    earlier (the Spark Operator, an installed chart) may still use; the next fresh start drops them.
+    removed the old one's archive. The new images are pushed next to the old ones, which pods started
+    earlier (the Spark Operator, an installed chart) may still use; the chart is pushed again too.
     """
     built = images.build_all()
-    if built.refs() == running.images:
+    reg = _registry(running)
+    chart, version = registry.push_chart(reg.host, reg.ca)
+    if built.refs() == running.built and (chart, version) == (running.chart, running.chart_version):
         return running
-    socket = str(node.containerd_socket(Path(running.run_dir)))
-    for ref in built.refs().values():
-        images.import_one(socket, ref)
-    updated = StackInfo(**{**asdict(running), "images": built.refs()})
+    published = running.images if built.refs() == running.built else images.publish(reg, built)
+    fields = {"built": built.refs(), "images": published, "chart": chart, "chart_version": version}
+    updated = StackInfo(**{**asdict(running), **fields})
     _save(updated)
-    log.info("the running stack took the current images", extra={"images": built.refs()})
+    log.info("the running stack took the current images", extra={"images": published})
     return updated
 
 
-def _start_runtime(launcher: Launcher, built: images.Images) -> None:
-    socket = node.start_containerd(launcher, built.pause)
-    images.import_into(socket, built)
+def _start_runtime(launcher: Launcher, built: images.Images, info: StackInfo) -> None:
+    """The registry first, with the images and the chart pushed to it, then containerd, which pulls from it."""
+    reg = registry.start(launcher)
+    info.image_registry, info.image_registry_ca = reg.host, str(reg.ca)
+    info.images = images.publish(reg, built)
+    info.chart, info.chart_version = registry.push_chart(reg.host, reg.ca)
+    registry.trust(reg, node.registry_hosts_dir(launcher.run_dir))
+    node.start_containerd(launcher, info.images["pause"])
 
 
 def _save(info: StackInfo) -> None:

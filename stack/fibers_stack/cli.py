@@ -62,6 +62,46 @@ def _user_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _images(args: argparse.Namespace) -> int:
+    import yaml
+
+    import fibers_stack as stack
+    from fibers_stack import images, registry
+
+    if args.push:
+        destination, cert_dir = args.push, Path(args.cert_dir) if args.cert_dir else None
+        ca_files = sorted(cert_dir.glob("*.crt")) if cert_dir else []
+        ca_file = ca_files[0] if ca_files else None
+    elif (info := stack.current()) is not None and not info.dead():
+        destination, ca_file = info.image_registry, Path(info.image_registry_ca)
+        cert_dir = registry.Registry(destination, ca_file).cert_dir
+    else:
+        print("name a registry to push to (--push registry.example.com/platform) or start the stack", file=sys.stderr)
+        return 1
+    operator, job = images.build_fibers()
+    pushed = {"image": images.push_to(destination, operator, cert_dir=cert_dir)}
+    pushed["jobs"] = images.push_to(destination, job, cert_dir=cert_dir)
+    chart, version = registry.push_chart(destination, ca_file)
+    values = {key: _image_values(ref) for key, ref in pushed.items()}
+    text = yaml.safe_dump({"image": values["image"], "jobs": {"image": values["jobs"]}}, sort_keys=False)
+    if args.values:
+        Path(args.values).write_text(text)
+        print(f"wrote the chart's image values to {args.values}", file=sys.stderr)
+    print(
+        f"install: helm install fibers {chart} --version {version} -f {args.values or '<these values>'}",
+        file=sys.stderr,
+    )
+    print(text, end="")
+    return 0
+
+
+def _image_values(ref: str) -> dict[str, str]:
+    from fibers_stack import images
+
+    registry, repository, tag, digest = images.parse(ref)
+    return {"registry": registry, "repository": repository, "tag": tag, "digest": digest}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fibers-stack", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -73,12 +113,26 @@ def main(argv: list[str] | None = None) -> int:
     fetch_cmd.add_argument("components", nargs="*", help="only these (kubernetes, kafka, images, argocd, …)")
     demo_cmd = sub.add_parser("demo", help="run the sample pipeline of examples/ on the local stack")
     demo_cmd.add_argument("--no-tty", action="store_true", help="plain output (no redrawn table)")
+    images_cmd = sub.add_parser(
+        "images", help="build the operator's two images, push them and the chart (default: to the stack's registry)"
+    )
+    images_cmd.add_argument("--push", metavar="REGISTRY", help="registry[/path] to push to (log in: buildah login)")
+    images_cmd.add_argument("--cert-dir", help="a folder with the CA (*.crt) of a registry signed by a private CA")
+    images_cmd.add_argument("--values", metavar="FILE", help="also write the chart's image values (by digest) here")
     image_cmd = sub.add_parser(
-        "user-image", help="build your image from a Dockerfile FROM the job image, and load it into the node"
+        "user-image", help="build your image from a Dockerfile FROM the job image, and push it to the stack's registry"
     )
     image_cmd.add_argument("context", help="the folder with the Dockerfile (e.g. examples/callback)")
-    image_cmd.add_argument("--name", help="image name (default: user-<folder>); prints name:tag")
-    handlers = {"up": _up, "down": _down, "status": _status, "fetch": _fetch, "demo": _demo, "user-image": _user_image}
+    image_cmd.add_argument("--name", help="image name (default: user-<folder>); prints its reference by digest")
+    handlers = {
+        "up": _up,
+        "down": _down,
+        "status": _status,
+        "fetch": _fetch,
+        "demo": _demo,
+        "images": _images,
+        "user-image": _user_image,
+    }
     args = parser.parse_args(argv)
     # A person's tool: lines to read, in a terminal or piped to tee alike (FIBERS_STACK_LOG_JSON=1: JSON).
     logs.setup(logging.DEBUG if args.verbose else logging.INFO, json_lines=os.environ.get(JSON_ENV) == "1")

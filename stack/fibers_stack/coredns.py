@@ -79,7 +79,7 @@ def manifests(image: str) -> list[dict[str, Any]]:
                             {
                                 "name": "coredns",
                                 "image": image,
-                                "imagePullPolicy": "Never",
+                                "imagePullPolicy": "IfNotPresent",
                                 "args": ["-conf", "/etc/coredns/Corefile"],
                                 "ports": [
                                     {"name": "dns", "containerPort": 1053, "protocol": "UDP"},

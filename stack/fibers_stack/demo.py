@@ -234,7 +234,7 @@ def _install(api: client.ApiClient, info: StackInfo) -> None:
 
 
 def _install_operator(info: StackInfo) -> None:
-    """`helm install charts/fibers`, as the README says, with the images this stack built."""
+    """`helm install` from the stack's registry, as a user installs it, with the images the stack pushed there."""
     values = info.chart_values([NAMESPACE])
     values["lineage"] = {"topic": LINEAGE_TOPIC}
     # The stack serves the Prometheus Operator's CRDs, and its Prometheus scrapes what they select.
@@ -251,7 +251,7 @@ def _install_operator(info: StackInfo) -> None:
         "upgrade",
         "--install",
         RELEASE,
-        str(REPO / "charts" / "fibers"),
+        *info.chart_source(),
         "--namespace",
         RELEASE_NAMESPACE,
         "--create-namespace",
@@ -450,7 +450,10 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     _clean_slate(api, info, screen)
     screen.step("installing the CRDs and the shop namespace")
     _install(api, info)
-    screen.step(f"helm install {RELEASE} charts/fibers -n {RELEASE_NAMESPACE}  (the operator, as a pod)")
+    screen.step(
+        f"helm install {RELEASE} {info.chart} --version {info.chart_version} -n {RELEASE_NAMESPACE}"
+        "  (the operator, as a pod, from the stack's OCI registry)"
+    )
     _install_operator(info)
     screen.step(
         "Prometheus scrapes the operator, the consumer pods and the streaming driver (the chart's ServiceMonitor "

@@ -200,6 +200,14 @@ def spark_operator() -> Path:
     return _go_binary(artifacts().spark_operator_bin, "spark-operator", package, f"spark-operator {v} (cold: ~2 min)")
 
 
+def registry() -> Path:
+    """CNCF Distribution's `registry` command, unmodified: the stack's OCI registry (see `fibers_stack.registry`)."""
+    v = versions().registry
+    package = "github.com/distribution/distribution/v3/cmd/registry"
+    ldflags = f"-s -w -X github.com/distribution/distribution/v3/version.version={v}"
+    return _go_binary(artifacts().registry_bin, "registry", package, f"registry {v} (cold: ~2 min)", ldflags)
+
+
 def pause() -> Path:
     """The pod sandbox binary (tools/pause)."""
     return _go_binary(artifacts().pause_bin, "pause", ".", "pause")
@@ -288,6 +296,7 @@ COMPONENTS: dict[str, Callable[[], Path]] = {
     "coredns": coredns,
     "spark-operator": spark_operator,
     "pause": pause,
+    "registry": registry,
     "apicurio": apicurio,
     "connect-converters": connect_converters,
     "monitoring-crds": monitoring_crds,
@@ -303,6 +312,7 @@ COLD_MINUTES = {
     "spark-operator": 1.2,
     "helm": 1.1,
     "ferretdb": 0.7,
+    "registry": 1.8,
     "argocd": 4.0,
     "images": 3.1,
 }

@@ -1,4 +1,4 @@
-"""The container images the node runs, built here with buildah and kept as docker-archive tarballs.
+"""The container images the node runs, built here with buildah and pushed to the stack's registry.
 
 There is no Docker engine on these machines and no registry to pull from, so every image starts from
 something made here: a Debian bookworm `base` from debootstrap, then the repository's Dockerfile
@@ -7,11 +7,11 @@ image (tools/spark-operator/Containerfile), and `pause` and `coredns` from scrat
 binaries `fetch` builds.
 
 Each image is tagged with a hash of everything its build reads (the Dockerfile and every file it COPYs,
-the binaries, the parent image's tag), so `imagePullPolicy: Never` always runs the current build and a
-changed input is a new tag, never a stale image under an old name. A finished build is the archive
-`<cache>/images/<name>-<tag>.tar` (written under a temporary name and renamed), which containerd imports
-(`import_into`); buildah's own storage, also in the cache, keeps the layers, so editing operator/
-rebuilds only the small layer with the fibers wheel.
+the binaries, the parent image's tag), so a changed input is a new tag, never a stale image under an old
+name. A finished build is the archive `<cache>/images/<name>-<tag>.tar` (written under a temporary name
+and renamed); buildah's own storage, also in the cache, keeps the layers, so editing operator/ rebuilds
+only the small layer with the fibers wheel. `publish` pushes the images to the stack's OCI registry
+(`fibers_stack.registry`), from which the kubelet pulls them by digest, as a cluster pulls a user's.
 
 Builds use the host's network (Debian over plain http, PyPI and Maven Central over https) and never
 pull. pip and Maven need this machine's CA certificates to reach PyPI and Maven Central; they get them
@@ -36,6 +36,7 @@ from pathlib import Path
 from fibers_stack import fetch
 from fibers_stack.layout import REPO_ROOT, cache_dir, tools_dir
 from fibers_stack.process import log_tail
+from fibers_stack.registry import Registry, push_image
 
 log = logging.getLogger("fibers_stack.images")
 
@@ -43,7 +44,6 @@ DEBIAN_SUITE = "bookworm"  # what the Dockerfile's default debian:bookworm-slim 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # this machine's CAs, for pip in the builds
 JAVA_TRUSTSTORE = Path("/etc/ssl/certs/java/cacerts")  # the same for Maven
-CONTAINERD_NAMESPACE = "k8s.io"  # where the kubelet's CRI looks for images
 TAG_LENGTH = 12
 
 # What `debian:bookworm-slim` does to a debootstrap tree, so that images built on our base are the size
@@ -441,15 +441,8 @@ def _spark_operator(job: str, binary: Path) -> str:
     return _ensure("spark-operator", tag, "~10 s", build)
 
 
-def build_all() -> Images:
-    """Every image, each built only when its archive for the current inputs is missing.
-
-    Needs the pause, CoreDNS and Spark Operator binaries (built here through `fetch` when missing).
-    Measured on 2 cores: about 3 minutes cold (the binaries already built), about 45 s after an edit
-    under operator/ (three 0.3-1 GB archives rewritten), under a second when nothing changed.
-    """
-    started = time.monotonic()
-    pause_bin, coredns_bin, operator_bin = fetch.pause(), fetch.coredns(), fetch.spark_operator()
+def build_fibers() -> tuple[str, str]:
+    """The operator's own two images, the Dockerfile's `operator` and `job` targets (what `make images` pushes)."""
     base = _base()
     operator = _from_dockerfile("fibers", "operator", "~1 min", {"BASE_IMAGE": base}, lambda: _load(base))
 
@@ -459,9 +452,21 @@ def build_all() -> Images:
 
     job_args = {"BASE_IMAGE": base, "MAVEN_IMAGE": _maven_ref(base)}
     job = _from_dockerfile("fibers-job", "job", "~1.5 min", job_args, job_parents)
+    return operator, job
 
+
+def build_all() -> Images:
+    """Every image, each built only when its archive for the current inputs is missing.
+
+    Needs the pause, CoreDNS and Spark Operator binaries (built here through `fetch` when missing).
+    Measured on 2 cores: about 3 minutes cold (the binaries already built), about 45 s after an edit
+    under operator/ (three 0.3-1 GB archives rewritten), under a second when nothing changed.
+    """
+    started = time.monotonic()
+    pause_bin, coredns_bin, operator_bin = fetch.pause(), fetch.coredns(), fetch.spark_operator()
+    operator, job = build_fibers()
     images = Images(
-        base=base,
+        base=_base(),
         operator=operator,
         job=job,
         spark_operator=_spark_operator(job, operator_bin),
@@ -486,33 +491,30 @@ def on_job_image(name: str, context: Path, job: str) -> str:
     return _ensure(name, tag, "~30 s", build)
 
 
-def _import(ctr: list[str], ref: str) -> None:
-    started = time.monotonic()
-    log.info("importing %s into containerd", ref)
-    _run([*ctr, "import", str(archive_path(ref))], f"ctr import of {ref}")
-    log.info("imported %s", ref, extra={"seconds": round(time.monotonic() - started, 1)})
+def publish(registry: Registry, built: Images) -> dict[str, str]:
+    """Push every image the node runs to the stack's registry; by role, each one's reference by digest."""
+    return {role: push(registry, ref) for role, ref in built.refs().items()}
 
 
-def import_one(containerd_address: str, ref: str) -> None:
-    """Import one image into the node's containerd unless it has it already."""
-    ctr = ["ctr", "--address", containerd_address, "-n", CONTAINERD_NAMESPACE, "images"]
-    listed = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True)
-    if ref not in listed.stdout.split():
-        _import(ctr, ref)
+def push(registry: Registry, ref: str) -> str:
+    """Push one built image to the stack's registry; its reference by digest (<host>/<name>:<tag>@<digest>)."""
+    return push_to(registry.host, ref, cert_dir=registry.cert_dir)
 
 
-def import_into(containerd_address: str, images: Images) -> None:
-    """Import into the node's containerd the images it does not have yet; drop older tags of ours."""
-    ctr = ["ctr", "--address", containerd_address, "-n", CONTAINERD_NAMESPACE, "images"]
-    listed = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True)
-    present = set(listed.stdout.split())
-    wanted = images.refs()
-    for ref in wanted.values():
-        if ref not in present:
-            _import(ctr, ref)
-    ours = {_split(ref)[0] for ref in wanted.values()}
-    stale = [ref for ref in present if ref.startswith("localhost/") and _split(ref)[0] in ours]
-    stale = [ref for ref in stale if ref not in wanted.values()]
-    if stale:
-        log.info("removing older builds from containerd", extra={"images": stale})
-        subprocess.run([*ctr, "rm", *stale], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def push_to(destination: str, ref: str, *, cert_dir: Path | None = None) -> str:
+    """Push one built image to any registry (a host, or a host and a path), loading it from its archive first
+    if buildah's storage lost it; its reference by digest, the build's tag kept beside it."""
+    _load(ref)
+    name, tag = _split(ref)
+    return push_image(destination, ref, name, tag, buildah=_buildah_argv(), cert_dir=cert_dir)
+
+
+def parse(ref: str) -> tuple[str, str, str, str]:
+    """registry/name:tag@digest → (registry, name, tag, digest): the parts a chart's image values take. The
+    registry may carry a path (registry.example.com/platform); the name is the last path segment."""
+    named, _, digest = ref.partition("@")
+    location, colon, tag = named.rpartition(":")
+    if not colon or "/" in tag:  # no tag: that colon was the registry's port
+        location, tag = named, ""
+    registry, _, name = location.rpartition("/")
+    return registry, name, tag, digest

@@ -60,6 +60,7 @@ class Versions:
     spark_operator: str
     apicurio: str
     prometheus_operator: str  # its CRDs only: the stack's Prometheus is Debian's package
+    registry: str  # CNCF Distribution: the OCI registry the node pulls images and the chart from
 
 
 @cache
@@ -78,6 +79,7 @@ def versions() -> Versions:
         prometheus_operator=_go_require(
             tools / "prometheus-operator-crds" / "go.mod", "github.com/prometheus-operator/prometheus-operator"
         ),
+        registry=_go_require(tools / "registry" / "go.mod", "github.com/distribution/distribution/v3"),
     )
 
 
@@ -95,6 +97,7 @@ class Artifacts:
     pause_bin: Path
     apicurio: Path
     connect_converters: Path
+    registry_bin: Path
 
 
 def recipe_hash(recipe: str) -> str:
@@ -146,6 +149,7 @@ def artifacts() -> Artifacts:
         pause_bin=c / "bin" / f"pause-{recipe_hash('pause')}" / "pause",
         apicurio=c / f"apicurio-{v.apicurio}-{recipe_hash('apicurio')}",
         connect_converters=c / f"connect-converters-apicurio-{v.apicurio}-{recipe_hash('apicurio-converter')}",
+        registry_bin=c / "bin" / f"registry-{v.registry}-{recipe_hash('registry')}" / "registry",
     )
 
 

@@ -3,7 +3,8 @@
 Everything here was found to need exactly these settings on the project machines (root in a VM,
 cgroup v1, PID 1 not systemd, no CAP_SYS_RESOURCE); `shared/notes/real-node.md` explains each:
 the cgroupfs driver everywhere, `failCgroupV1: false`, `restrict_oom_score_adj`, no AppArmor, and a
-node IP that is not loopback. Images are never pulled: the node only has what `images` imported.
+node IP that is not loopback. Images are pulled from the stack's registry, which containerd trusts
+through its registry hosts directory (`registry_hosts_dir`).
 
 containerd's root (its image store) lives in the cache, so images survive `stack down`; everything
 else (state, sockets, the kubelet's pods and logs, CNI leases) lives in the run directory.
@@ -50,8 +51,14 @@ def containerd_socket(run_dir: Path) -> Path:
     return run_dir / "containerd" / "containerd.sock"
 
 
+def registry_hosts_dir(run_dir: Path) -> Path:
+    """containerd's registry config_path: one <host:port>/hosts.toml per registry it trusts (`registry.trust`)."""
+    return run_dir / "containerd" / "certs.d"
+
+
 def _containerd_config(run_dir: Path, pause_image: str) -> Path:
     home = run_dir / "containerd"
+    registry_hosts_dir(run_dir).mkdir(parents=True, exist_ok=True)
     (home / "state").mkdir(parents=True, exist_ok=True)
     cni_conf = run_dir / "cni" / "net.d"
     cni_conf.mkdir(parents=True, exist_ok=True)
@@ -106,6 +113,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{cni_conf}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{registry_hosts_dir(run_dir)}"
 """
     )
     return config
@@ -123,7 +132,17 @@ def start_containerd(launcher: Launcher, pause_image: str) -> str:
     launcher.spawn("containerd", ["containerd", "--config", str(config)])
     launcher.wait("containerd", lambda: ctr(launcher.run_dir, "version", check=False).returncode == 0, timeout=30)
     remove_containers(launcher.run_dir)
+    _remove_imported_images(launcher.run_dir)
     return str(containerd_socket(launcher.run_dir))
+
+
+def _remove_imported_images(run_dir: Path) -> None:
+    """Images an earlier stack imported with `ctr import` (named localhost/…): pods now pull from the registry."""
+    imported = [
+        ref for ref in ctr(run_dir, "images", "ls", "-q", check=False).stdout.split() if ref.startswith("localhost/")
+    ]
+    if imported:
+        ctr(run_dir, "images", "rm", *imported, check=False)
 
 
 def remove_containers(run_dir: Path) -> None:

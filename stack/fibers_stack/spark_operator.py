@@ -41,10 +41,12 @@ def crds() -> list[Path]:
 
 
 def values(image: str, *, webhook: bool) -> dict[str, Any]:
+    """The release's values; `image` is <registry>/<name>:<tag>@<digest> (the chart has no digest value, so
+    the tag carries it: the chart joins them back into the same pinned reference)."""
     registry, _, rest = image.partition("/")
     repository, _, tag = rest.partition(":")
     return {
-        "image": {"registry": registry, "repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "image": {"registry": registry, "repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "controller": {
             "workers": CONTROLLER_WORKERS,
             "uiService": {"enable": False},

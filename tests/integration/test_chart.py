@@ -160,7 +160,7 @@ def test_template_is_valid_for_the_real_apiserver(
         "image": {"registry": "registry.example:5000/platform", "digest": "sha256:" + "a" * 64},
         "jobs": {
             "serviceAccount": {"namespaces": [namespace, restricted_namespace]},
-            "image": {"registry": "registry.example:5000/platform", "tag": "1.2.3"},
+            "image": {"registry": "registry.example:5000/platform", "tag": "1.2.3", "digest": "sha256:" + "b" * 64},
         },
         "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"}],
         "topologySpreadConstraints": [
@@ -178,7 +178,8 @@ def test_template_is_valid_for_the_real_apiserver(
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["image"] == "registry.example:5000/platform/fibers@sha256:" + "a" * 64
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["FIBERS_JOB_IMAGE"] == "registry.example:5000/platform/fibers-job:1.2.3"
+        # A tag set beside the digest stays in the reference for people; the digest decides what runs.
+        assert env["FIBERS_JOB_IMAGE"] == "registry.example:5000/platform/fibers-job:1.2.3@sha256:" + "b" * 64
         assert env["FIBERS_ALLOWED_IMAGES"].split(",")[:2] == [
             "registry.example:5000/platform/fibers-job:",
             "registry.example:5000/platform/fibers-job@",
@@ -494,7 +495,8 @@ class ChartOperator:
 def release(
     helm: Path, kube: ApiClient, stack_info: StackInfo, namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    """The chart installed in a namespace of its own, watching the test namespace."""
+    """The chart installed from the stack's OCI registry, as a user installs it, in a namespace of its own,
+    watching the test namespace."""
     home = tmp_path_factory.mktemp("chart")
     release_ns = new_namespace(kube, "fibers-system")
     name = f"fibers-{uuid.uuid4().hex[:5]}"
@@ -504,7 +506,8 @@ def release(
     (home / "values.json").write_text(json.dumps(values))
     base = [helm, "--kubeconfig", stack_info.kubeconfig, "--namespace", release_ns]
     started = time.monotonic()
-    run([*base, "install", name, CHART, "--values", home / "values.json", "--wait", "--timeout", "3m"])
+    chart = stack_info.chart_source()
+    run([*base, "install", name, *chart, "--values", home / "values.json", "--wait", "--timeout", "3m"])
     installed = time.monotonic() - started
     docs = [d for d in yaml.safe_load_all(run([*base, "get", "manifest", name]).stdout) if d]
     yield {"name": name, "namespace": release_ns, "docs": docs, "home": home, "install_seconds": installed}
@@ -565,7 +568,8 @@ def test_helm_upgrade_brings_the_crds_to_this_version_and_leaves_the_operator_ru
     assert ext.read_custom_resource_definition(crd).spec.versions[alpha].deprecation_warning is None
     before = chart_operator.pod().metadata.uid
     base = [helm, "--kubeconfig", stack_info.kubeconfig, "--namespace", release["namespace"]]
-    run([*base, "upgrade", release["name"], CHART, "--reuse-values", "--wait", "--timeout", "3m"])
+    chart = stack_info.chart_source()
+    run([*base, "upgrade", release["name"], *chart, "--reuse-values", "--wait", "--timeout", "3m"])
     assert "deprecated" in ext.read_custom_resource_definition(crd).spec.versions[alpha].deprecation_warning
     # The hook's Job and its rights are gone again; nothing of the operator changed, so it was not restarted.
     assert not client.BatchV1Api(kube).list_namespaced_job(release["namespace"]).items

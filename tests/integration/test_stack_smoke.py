@@ -19,6 +19,9 @@ from pymongo import MongoClient
 from fibers_stack import StackInfo, audit, images, node
 from tests.helpers import avro_converter, drop_slot, read_topic, wait_for
 
+# What buildah pushes (Docker's schema 2) and what an OCI client would: a registry answers a HEAD by either.
+MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+
 pytestmark = pytest.mark.smoke
 
 SMOKE_CRD = {
@@ -358,7 +361,7 @@ def test_a_pod_resolves_cluster_names_reaches_the_api_and_nothing_outside(
                 {
                     "name": "probe",
                     "image": stack_info.images["job"],
-                    "imagePullPolicy": "Never",
+                    "imagePullPolicy": "IfNotPresent",
                     "command": ["python3", "-c", script],
                 }
             ],
@@ -383,6 +386,28 @@ def test_the_node_runs_the_images_of_the_code_as_it_is(stack_info: StackInfo) ->
     """A reused stack (`FIBERS_STACK_REUSE=1`, or one left running) takes the images of the current code: pods
     of a stack started before an edit ran the old code, and images built FROM the job image failed."""
     built = images.build_all().refs()
-    assert stack_info.images == built
-    listed = node.ctr(Path(stack_info.run_dir), "images", "ls", "-q").stdout
-    assert set(built.values()) <= set(listed.split())
+    assert stack_info.built == built
+    for role, ref in stack_info.images.items():
+        host, name, tag, digest = images.parse(ref)
+        assert (host, name, tag) == (stack_info.image_registry, *images.parse(built[role])[1:3]), ref
+        # The registry serves exactly that digest under the build's tag.
+        manifest = httpx.head(
+            f"https://{host}/v2/{name}/manifests/{tag}",
+            headers={"Accept": MANIFEST_TYPES},
+            verify=stack_info.image_registry_ca,
+            timeout=10,
+        )
+        assert manifest.status_code == 200 and manifest.headers["Docker-Content-Digest"] == digest, ref
+
+
+def test_every_pod_pulls_its_image_from_the_registry_by_digest(stack_info: StackInfo, kube: ApiClient) -> None:
+    """As on a real cluster: no image is put on the node by hand and none is run unpulled (`Never`)."""
+    pods = k8s.CoreV1Api(kube).list_pod_for_all_namespaces().items
+    containers = [(p, c) for p in pods for c in [*p.spec.containers, *(p.spec.init_containers or [])]]
+    assert containers
+    for pod, container in containers:
+        where = f"{pod.metadata.namespace}/{pod.metadata.name} {container.name}"
+        assert container.image.startswith(stack_info.image_registry + "/") and "@sha256:" in container.image, where
+        assert container.image_pull_policy == "IfNotPresent", where
+    listed = node.ctr(Path(stack_info.run_dir), "images", "ls", "-q").stdout.split()
+    assert not [ref for ref in listed if ref.startswith("localhost/")]  # nothing imported by hand

@@ -29,7 +29,7 @@ from fibers.consumer.ownership import lease_name
 from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.stats import STATS_MAX_CHARS
 from fibers.databus.timelines import STATS_ANNOTATION
-from fibers_stack import StackInfo, fetch, namespaces
+from fibers_stack import StackInfo, fetch, images, namespaces
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT
 from tests.helpers import Resources, render_chart, token_kubeconfig, wait_for
 from tests.integration.conftest import OperatorProcess
@@ -100,7 +100,8 @@ def operator(
     stack_info: StackInfo, namespace: str, team_b: str, connect_cluster: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     """One operator for both teams, with the chart's policy (its defaults: the job image, its ServiceAccount)."""
-    repository = stack_info.images["job"].rpartition(":")[0]
+    host, name, _, _ = images.parse(stack_info.images["job"])
+    repository = f"{host}/{name}"
     env = {
         "FIBERS_CONNECT_DEFAULT_CLUSTER": connect_cluster,
         "FIBERS_CONNECT_SYNC_INTERVAL": "2",

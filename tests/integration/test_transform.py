@@ -120,7 +120,7 @@ def assert_runs_as_a_user_would(pod: client.V1Pod, *, secret: str | None) -> Non
     """What Fibers asks of every Spark pod, read back from the pod the kubelet runs."""
     container = pod.spec.containers[0]
     assert pod.spec.service_account_name == JOBS_SERVICE_ACCOUNT
-    assert container.image_pull_policy == "Never"
+    assert container.image_pull_policy == "IfNotPresent"
     assert pod.spec.security_context.run_as_non_root is True
     sc = container.security_context
     assert sc.read_only_root_filesystem is True and sc.allow_privilege_escalation is False

@@ -216,3 +216,19 @@ def test_executor_without_spark_s_environment_fails_clearly(image: dict[str, str
 @pytest.mark.parametrize("args", [["consume", "--config", "/etc/fibers/consumer.json"], ["--help"], []])
 def test_anything_else_is_the_fibers_command_line(image: dict[str, str], args: list[str]) -> None:
     assert entrypoint(image, *args)[1:] == args
+
+
+def test_a_published_reference_splits_into_the_chart_s_image_values() -> None:
+    assert images.parse("10.0.0.1:5000/fibers-job:0123456789ab@sha256:" + "c" * 64) == (
+        "10.0.0.1:5000",
+        "fibers-job",
+        "0123456789ab",
+        "sha256:" + "c" * 64,
+    )
+    # A registry with a path, an image without a tag: the port's colon is not a tag.
+    assert images.parse("registry.example:5000/platform/fibers@sha256:" + "d" * 64) == (
+        "registry.example:5000/platform",
+        "fibers",
+        "",
+        "sha256:" + "d" * 64,
+    )

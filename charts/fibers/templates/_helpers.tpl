@@ -43,7 +43,9 @@ chart's appVersion). Called with (list $root $image).
 {{- define "fibers.imageRef" -}}
 {{- $root := index . 0 }}{{- $image := index . 1 }}
 {{- $repository := include "fibers.imageRepository" $image }}
-{{- if $image.digest }}
+{{- if and $image.digest $image.tag }}
+{{- printf "%s:%s@%s" $repository $image.tag $image.digest }}
+{{- else if $image.digest }}
 {{- printf "%s@%s" $repository $image.digest }}
 {{- else }}
 {{- printf "%s:%s" $repository (default $root.Chart.AppVersion $image.tag) }}
