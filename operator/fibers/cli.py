@@ -40,7 +40,8 @@ def _run(args: argparse.Namespace) -> int:
     os.environ[settings.NAMESPACES_ENV] = ",".join(args.namespace or [])  # the child watches' scope
     readiness = Readiness()
     if args.metrics_port:
-        metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS, waiting=readiness.waiting)
+        checks = {"/readyz": readiness.waiting, "/readyz/standby": readiness.waiting_to_take_over}
+        metrics.serve(args.metrics_port, kinds=controller.RECONCILED_KINDS, checks=checks)
     peering: dict[str, Any] = (
         {"standalone": False, "peering_name": args.peering, "priority": args.priority}
         if args.peering

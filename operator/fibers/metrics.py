@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -213,15 +213,18 @@ class _Quiet(WSGIRequestHandler):
         """Probes and scrapes every few seconds: not worth a log line each."""
 
 
-def serve(port: int, kinds: tuple[str, ...] = (), waiting: Callable[[], list[str]] | None = None) -> None:
-    """/metrics, and /readyz when `waiting` says what the operator still waits for (see fibers.readiness)."""
+def serve(port: int, kinds: tuple[str, ...] = (), checks: Mapping[str, Callable[[], list[str]]] | None = None) -> None:
+    """/metrics, and one route per readiness check (path → what the operator still waits for; see
+    fibers.readiness): 200 when the list is empty, else 503, with the list as JSON either way."""
     declare_kinds(kinds)
     metrics = make_wsgi_app()
+    routes = dict(checks or {})
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if waiting is None or environ.get("PATH_INFO") != "/readyz":
+        check = routes.get(environ.get("PATH_INFO", ""))
+        if check is None:
             return metrics(environ, start_response)  # type: ignore[no-any-return]
-        reasons = waiting()
+        reasons = check()
         body = json.dumps({"ready": not reasons, "waiting": reasons}).encode()
         status = "503 Service Unavailable" if reasons else "200 OK"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])

@@ -12,7 +12,9 @@ and the old pod would already be gone. So the pod answers `/readyz` with 200 onl
 - and, from then on, the reconcile queue keeps up: nothing handed to the workers has waited longer
   than `ReadinessPolicy.queue_lag_seconds`.
 
-Otherwise 503, and the JSON body names what is waited for: `kubectl describe pod` shows it.
+Otherwise 503, and the JSON body names what is waited for: `kubectl describe pod` shows it. A standby
+answers `/readyz/standby`: Ready once its start-up has finished, so it can take over (its readiness probe
+differs from its liveness probe, which is kopf's `/healthz`).
 """
 
 from __future__ import annotations
@@ -112,6 +114,12 @@ class Readiness:
         for gate in gates:
             reasons.extend(gate())
         return reasons
+
+    def waiting_to_take_over(self) -> list[str]:
+        """What a standby (paused by kopf's peering) waits for before it is Ready: only its start-up, which kopf
+        runs before it pauses the watches. A standby's watches never list while the active operator lives."""
+        with self._lock:
+            return [] if self._started else ["the start-up handler (API clients, Connect and reconcile loops)"]
 
     def _snapshot(self) -> dict[str, set[tuple[str, str]]]:
         with self._lock:

@@ -25,6 +25,8 @@ from fibers_stack.layout import (
     cache_dir,
     helm_bin,
     helm_version,
+    kube_score_bin,
+    kube_score_version,
     prometheus_operator_crds,
     tools_dir,
     versions,
@@ -238,6 +240,13 @@ def helm() -> Path:
     return binary
 
 
+def kube_score() -> Path:
+    """kube-score, unmodified: the chart test's third-party check of what the chart renders."""
+    binary, version = kube_score_bin(), kube_score_version()
+    package, ldflags = "github.com/zegl/kube-score/cmd/kube-score", f"-s -w -X main.version={version}"
+    return _go_binary(binary, "kube-score", package, f"kube-score {version} (cold: ~1.5 min)", ldflags)
+
+
 def argocd() -> Path:
     """Argo CD v3, built inside its own module so that its go.mod's replace directives apply.
 
@@ -293,6 +302,7 @@ COMPONENTS: dict[str, Callable[[], Path]] = {
     "kubernetes": kubernetes,
     "helm": helm,
     "argocd": argocd,
+    "kube-score": kube_score,
     "coredns": coredns,
     "spark-operator": spark_operator,
     "pause": pause,
@@ -317,8 +327,8 @@ COLD_MINUTES = {
     "images": 3.1,
 }
 # Built only when asked for (`fibers-stack fetch argocd`) or first needed: the GitOps tests build Argo CD
-# themselves, so neither `make demo` nor `fibers-stack up` waits for it.
-ON_DEMAND = ("argocd",)
+# and the chart test kube-score themselves, so neither `make demo` nor `fibers-stack up` waits for them.
+ON_DEMAND = ("argocd", "kube-score")
 
 
 def fetch_all(names: list[str] | None = None) -> None:

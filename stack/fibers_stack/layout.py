@@ -128,6 +128,15 @@ def argocd_bin() -> Path:
     return cache_dir() / "bin" / f"argocd-{argocd_version()}-{recipe_hash('argocd')}" / "argocd"
 
 
+def kube_score_version() -> str:
+    """kube-score is for the chart test only (a third-party check of the rendered chart), like helm."""
+    return _go_require(tools_dir() / "kube-score" / "go.mod", "github.com/zegl/kube-score")
+
+
+def kube_score_bin() -> Path:
+    return cache_dir() / "bin" / f"kube-score-{kube_score_version()}-{recipe_hash('kube-score')}" / "kube-score"
+
+
 def argocd_module() -> Path:
     """Argo CD's module as downloaded: its CRDs and default argocd-cm (manifests/) come from here."""
     return go_module_dir("github.com/argoproj/argo-cd/v3", argocd_version())

@@ -188,7 +188,7 @@ def test_template_is_valid_for_the_real_apiserver(
         role = deployment["metadata"]["labels"]["fibers.dev/operator-role"]
         probes[role] = container["readinessProbe"]["httpGet"]["path"]
         assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
-    assert probes == {"active": "/readyz", "standby": "/healthz"}
+    assert probes == {"active": "/readyz", "standby": "/readyz/standby"}
     # Every alert has a runbook, a section of docs/troubleshooting.md.
     [rule] = by_kind(docs, "PrometheusRule")
     headings = {
@@ -787,6 +787,51 @@ def test_the_chart_policy_refuses_images_service_accounts_and_spark_settings_it_
     for name in (f"{unique}-img", f"{unique}-sa"):  # while the chart's operator runs: it holds their finalizers
         consumers.delete(name)
         wait_for(lambda name=name: not consumers.exists(name), timeout=30, what="the consumer gone")
+
+
+# kube-score's findings the chart declines, each on purpose; any other finding fails the test.
+KUBE_SCORE_DECLINED = {
+    # Images are pinned by digest (values image.digest): Always would only add a registry round trip to
+    # every start and make a restart depend on the registry.
+    "container-image-pull-policy": "pinned by digest",
+    # A CPU limit throttles kopf's event loop under a burst of events; requests are set, and a platform
+    # that wants limits sets resources.limits.
+    "container-resources": "CPU limit left to resources.limits",
+    # Container logs count toward ephemeral storage: a default limit would evict a chatty operator. Set
+    # through resources when a platform requires it.
+    "container-ephemeral-storage-request-and-limit": "left to resources",
+    # One active operator by design (kopf acts from one process; standby.enabled adds a passive one).
+    "deployment-replicas": "one active operator",
+    # Recreate, so that two versions never act at once during a rollout.
+    "deployment-strategy": "Recreate on purpose",
+}
+
+
+def test_kube_score_finds_nothing_but_what_the_chart_declines(helm: Path, tmp_path: Path) -> None:
+    """A third-party check (kube-score, built from its module) over the chart as a platform runs it: a
+    standby, the NetworkPolicy, the CRD-upgrade hook. No probe finding at all (each workload has distinct
+    readiness and liveness probes, on real endpoints); every other finding is one KUBE_SCORE_DECLINED names."""
+    values = {"watch": {"namespaces": ["team-a"]}, "standby": {"enabled": True}, "networkPolicy": {"enabled": True}}
+    docs = render_chart(helm, "fibers-system", values, tmp_path)
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
+    scored = subprocess.run(
+        [str(fetch.kube_score()), "score", "--output-format", "json", str(rendered)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    results = json.loads(scored.stdout)
+    workloads = {r["object_name"] for r in results if r["type_meta"]["kind"] in ("Deployment", "Job")}
+    assert len(workloads) == 3, workloads  # the operator, the standby, the hook's Job
+    findings = {
+        (r["object_name"], c["check"]["id"])
+        for r in results
+        for c in r["checks"]
+        if not c["skipped"] and c["grade"] < 10  # kube-score's "OK" grade
+    }
+    assert not {f for f in findings if f[1].startswith("pod-probes")}, findings
+    assert {check for _, check in findings} <= set(KUBE_SCORE_DECLINED), findings
 
 
 # ----- the image ----------------------------------------------------------------------------------

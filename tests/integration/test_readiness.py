@@ -43,6 +43,7 @@ def test_the_operator_is_ready_only_once_its_watches_have_listed_what_exists(
         )
         op.start()
         answers: list[tuple[float, int, list[str]]] = []
+        standby_answers: list[int] = []
         started = time.monotonic()
 
         def ready() -> bool:
@@ -53,6 +54,10 @@ def test_the_operator_is_ready_only_once_its_watches_have_listed_what_exists(
             body = json.loads(response.text)
             answers.append((time.monotonic() - started, response.status_code, body["waiting"]))
             assert body["ready"] == (response.status_code == 200)
+            if response.status_code == 503 and any(r.startswith("the first listing of ") for r in body["waiting"]):
+                # A standby's probe asks only whether it has started, so it could take over now.
+                standby = httpx.get(f"http://127.0.0.1:{op.metrics_port}/readyz/standby", timeout=2)
+                standby_answers.append(standby.status_code)
             return response.status_code == 200
 
         wait_for(ready, timeout=90, interval=0.2, what="the operator's /readyz to answer 200")
@@ -60,6 +65,7 @@ def test_the_operator_is_ready_only_once_its_watches_have_listed_what_exists(
         assert any(reason.startswith("the first listing of ") for reason in waited), answers
         assert answers[-1][0] >= HELD_SECONDS, f"Ready before the held listing was answered: {answers}"
         assert answers[-1][2] == []
+        assert standby_answers and set(standby_answers) == {200}, standby_answers
         # Ready stays, and the operator did its work meanwhile: the Transform it handed over has a status.
         assert httpx.get(f"http://127.0.0.1:{op.metrics_port}/readyz", timeout=2).status_code == 200
         transforms = Resources(kube, "transforms", namespace)

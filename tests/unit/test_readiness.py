@@ -43,6 +43,14 @@ def test_not_ready_until_started_and_every_object_listed_at_start_up_is_seen() -
     asyncio.run(body())
 
 
+def test_a_standby_is_ready_to_take_over_once_started_whatever_its_watches_listed() -> None:
+    readiness = Readiness(FAST)
+    assert readiness.waiting_to_take_over() == ["the start-up handler (API clients, Connect and reconcile loops)"]
+    readiness.started()
+    assert readiness.waiting() == ["the listing of what exists at start-up"]  # the active's question
+    assert readiness.waiting_to_take_over() == []
+
+
 def test_an_object_deleted_before_its_watch_listed_it_is_struck_off() -> None:
     async def body() -> None:
         readiness = Readiness(FAST)

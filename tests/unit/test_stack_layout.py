@@ -21,6 +21,7 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "spark-operator",
         "pause",
         "prometheus-operator-crds",
+        "registry",
     )
     for name in (*recipes, "apicurio", "apicurio-converter"):
         (tmp_path / name).mkdir()
@@ -30,6 +31,9 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     )
     (tmp_path / "prometheus-operator-crds" / "go.mod").write_text(
         "// a comment\nmodule p\n\nrequire github.com/prometheus-operator/prometheus-operator v0.85.0\n"
+    )
+    (tmp_path / "registry" / "go.mod").write_text(
+        "module r\n\nrequire github.com/distribution/distribution/v3 v3.1.2\n"
     )
     (tmp_path / "k8sbin" / "go.mod").write_text(
         "module x\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 v3.6.5\n\tk8s.io/kubernetes v1.35.4\n)\n"
@@ -59,6 +63,7 @@ def test_versions_come_from_the_recipes(tools: Path) -> None:
         spark_operator="v2.5.0",
         apicurio="2.6.13.Final",
         prometheus_operator="v0.85.0",
+        registry="v3.1.2",
     )
 
 
