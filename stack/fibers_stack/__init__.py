@@ -133,6 +133,10 @@ class StackInfo:
             "policy": {"allowHostPath": True},  # the one-node stack's pipelines read and write files on the node
         }
 
+    def oci_registry(self) -> registry.Registry:
+        """The stack's OCI registry (where its images and chart are), as `registry` pushes to it."""
+        return registry.Registry(host=self.image_registry, ca=Path(self.image_registry_ca))
+
     def chart_source(self) -> list[str]:
         """The chart argument of `helm install`/`upgrade` on this stack: from its registry, as a user installs it."""
         return [self.chart, "--version", self.chart_version, "--ca-file", self.image_registry_ca]
@@ -145,11 +149,7 @@ def user_image(info: StackInfo, name: str, context: Path) -> str:
     """Build a user's image from the Dockerfile in `context` (FROM the stack's job image) and push it to the
     stack's registry, as a user pushes theirs to a registry the cluster pulls from; its reference by digest."""
     ref = images.on_job_image(name, context, info.built["job"])
-    return images.push(_registry(info), ref)
-
-
-def _registry(info: StackInfo) -> registry.Registry:
-    return registry.Registry(host=info.image_registry, ca=Path(info.image_registry_ca))
+    return images.push(info.oci_registry(), ref)
 
 
 def _state_file() -> Path:
@@ -256,7 +256,7 @@ def _with_current_images(running: StackInfo) -> StackInfo:
     earlier (the Spark Operator, an installed chart) may still use; the chart is pushed again too.
     """
     built = images.build_all()
-    reg = _registry(running)
+    reg = running.oci_registry()
     chart, version = registry.push_chart(reg.host, reg.ca)
     if built.refs() == running.built and (chart, version) == (running.chart, running.chart_version):
         return running

@@ -73,8 +73,8 @@ def _images(args: argparse.Namespace) -> int:
         ca_files = sorted(cert_dir.glob("*.crt")) if cert_dir else []
         ca_file = ca_files[0] if ca_files else None
     elif (info := stack.current()) is not None and not info.dead():
-        destination, ca_file = info.image_registry, Path(info.image_registry_ca)
-        cert_dir = registry.Registry(destination, ca_file).cert_dir
+        reg = info.oci_registry()
+        destination, ca_file, cert_dir = reg.host, reg.ca, reg.cert_dir
     else:
         print("name a registry to push to (--push registry.example.com/platform) or start the stack", file=sys.stderr)
         return 1

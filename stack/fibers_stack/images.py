@@ -20,8 +20,6 @@ as read-only build-time mounts and build arguments (PIP_CERT, MAVEN_OPTS), never
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
 import shlex
@@ -34,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fibers_stack import fetch
+from fibers_stack.build_inputs import TAG_LENGTH, dockerfile_tag, inputs_hash
 from fibers_stack.layout import REPO_ROOT, cache_dir, tools_dir
 from fibers_stack.process import log_tail
 from fibers_stack.registry import Registry, push_image
@@ -44,7 +43,6 @@ DEBIAN_SUITE = "bookworm"  # what the Dockerfile's default debian:bookworm-slim 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # this machine's CAs, for pip in the builds
 JAVA_TRUSTSTORE = Path("/etc/ssl/certs/java/cacerts")  # the same for Maven
-TAG_LENGTH = 12
 
 # What `debian:bookworm-slim` does to a debootstrap tree, so that images built on our base are the size
 # a user's `docker build` gives: no docs, man pages or translations in later installs, and apt leaves no
@@ -122,88 +120,6 @@ def _split(ref: str) -> tuple[str, str]:
 
 def _ref(name: str, tag: str) -> str:
     return f"localhost/{name}:{tag}"
-
-
-# ---- what a build reads, and its hash --------------------------------------------------------------
-
-
-def _instructions(dockerfile: str) -> list[str]:
-    """The Dockerfile's instructions, one string each: comments dropped, continuation lines joined."""
-    result: list[str] = []
-    current = ""
-    for line in dockerfile.splitlines():
-        if not current and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if current and line.lstrip().startswith("#"):
-            continue  # a comment inside a continued instruction is not part of it
-        stripped = line.rstrip()
-        if stripped.endswith("\\"):
-            current += stripped[:-1] + " "
-            continue
-        result.append((current + stripped).strip())
-        current = ""
-    if current.strip():
-        result.append(current.strip())
-    return result
-
-
-def copied_sources(dockerfile: str) -> list[str]:
-    """The build-context paths the Dockerfile's COPY and ADD instructions read (not those --from a stage)."""
-    sources: list[str] = []
-    for instruction in _instructions(dockerfile):
-        keyword, _, rest = instruction.partition(" ")
-        if keyword.upper() not in ("COPY", "ADD"):
-            continue
-        words = shlex.split(rest)
-        flags = [w for w in words if w.startswith("--")]
-        if any(f.startswith("--from=") for f in flags):
-            continue
-        paths = [w for w in words if not w.startswith("--")]
-        if paths and paths[0].startswith("["):  # the JSON form: COPY ["src", …, "dest"]
-            paths = json.loads(rest[rest.index("[") :])
-        sources.extend(p.rstrip("/") or "." for p in paths[:-1])
-    return sources
-
-
-def _ignored(path: Path) -> bool:
-    """Build leftovers that never matter to an image (.dockerignore keeps most of them out too)."""
-    return any(part == "__pycache__" or part.endswith((".egg-info", ".pyc")) for part in path.parts)
-
-
-def context_files(context: Path, sources: Iterable[str]) -> list[Path]:
-    """Every file under the given context paths, sorted; a missing path is an error (the build would fail)."""
-    files: set[Path] = set()
-    for source in sources:
-        path = context / source
-        if path.is_dir():
-            files.update(p for p in path.rglob("*") if p.is_file() and not _ignored(p.relative_to(context)))
-        elif path.is_file():
-            files.add(path)
-        else:
-            raise FileNotFoundError(f"{path}: copied into an image but missing")
-    return sorted(files)
-
-
-def inputs_hash(files: Iterable[Path], extra: Mapping[str, str], root: Path) -> str:
-    """A short hash of the files' names (relative to root) and contents and of the extra key/values."""
-    digest = hashlib.sha256()
-    for key in sorted(extra):
-        digest.update(f"{key}={extra[key]}\0".encode())
-    for path in sorted(files):
-        name = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
-        digest.update(name.encode() + b"\0")
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        digest.update(b"\0")
-    return digest.hexdigest()[:TAG_LENGTH]
-
-
-def dockerfile_tag(dockerfile: Path, context: Path, extra: Mapping[str, str]) -> str:
-    """The tag of an image built from this Dockerfile: the Dockerfile, .dockerignore, every file it COPYs."""
-    files = context_files(context, copied_sources(dockerfile.read_text()))
-    files += [p for p in (dockerfile, context / ".dockerignore") if p.is_file()]
-    return inputs_hash(files, extra, context)
 
 
 # ---- buildah -----------------------------------------------------------------------------------------
@@ -404,15 +320,23 @@ def _maven(base: str) -> None:
     _ensure("maven", _split(_maven_ref(base))[1], "~15 s", build, archive=False)
 
 
-def _from_dockerfile(name: str, target: str, cold: str, build_args: dict[str, str], prepare: Callable[[], None]) -> str:
-    """One target of the repository's Dockerfile; prepare() puts the images its FROMs name into buildah's storage."""
-    dockerfile = REPO_ROOT / "Dockerfile"
-    tag = dockerfile_tag(dockerfile, REPO_ROOT, {"target": target, **build_args})
+def _from_dockerfile(
+    name: str,
+    target: str,
+    cold: str,
+    build_args: dict[str, str],
+    prepare: Callable[[], None],
+    root: Path = REPO_ROOT,
+) -> str:
+    """One target of the Dockerfile at `root` (the repository, or an earlier version's source tree);
+    prepare() puts the images its FROMs name into buildah's storage."""
+    dockerfile = root / "Dockerfile"
+    tag = dockerfile_tag(dockerfile, root, {"target": target, **build_args})
 
     def build(ref: str, scratch: Path) -> None:
         prepare()
         local_args, volumes = _build_args_for_this_machine()
-        _bud(ref, REPO_ROOT, dockerfile, target=target, build_args={**build_args, **local_args}, volumes=volumes)
+        _bud(ref, root, dockerfile, target=target, build_args={**build_args, **local_args}, volumes=volumes)
 
     return _ensure(name, tag, cold, build)
 
@@ -441,17 +365,23 @@ def _spark_operator(job: str, binary: Path) -> str:
     return _ensure("spark-operator", tag, "~10 s", build)
 
 
-def build_fibers() -> tuple[str, str]:
-    """The operator's own two images, the Dockerfile's `operator` and `job` targets (what `make images` pushes)."""
+def build_fibers(root: Path = REPO_ROOT, suffix: str = "") -> tuple[str, str]:
+    """The operator's own two images, the Dockerfile's `operator` and `job` targets (what `make images` pushes).
+
+    `root` and `suffix` build an earlier version from its source tree under names of its own
+    (fibers<suffix>, fibers-job<suffix>), so that neither build drops the other's (see `_ensure`).
+    """
     base = _base()
-    operator = _from_dockerfile("fibers", "operator", "~1 min", {"BASE_IMAGE": base}, lambda: _load(base))
+    operator = _from_dockerfile(
+        f"fibers{suffix}", "operator", "~1 min", {"BASE_IMAGE": base}, lambda: _load(base), root=root
+    )
 
     def job_parents() -> None:
         _load(base)
         _maven(base)
 
     job_args = {"BASE_IMAGE": base, "MAVEN_IMAGE": _maven_ref(base)}
-    job = _from_dockerfile("fibers-job", "job", "~1.5 min", job_args, job_parents)
+    job = _from_dockerfile(f"fibers-job{suffix}", "job", "~1.5 min", job_args, job_parents, root=root)
     return operator, job
 
 

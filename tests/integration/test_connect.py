@@ -331,13 +331,14 @@ def test_the_orphan_deletion_policy_releases_the_connect_and_leaves_its_connecto
 def test_connect_series_return_to_their_baseline_after_many_creates_and_deletes(
     connects: Resources, source_file: Path, operator: OperatorProcess, unique: str
 ) -> None:
-    """Series follow their resources: 200 Connects made and deleted leave the operator serving what it did before."""
+    """Series follow their resources: 50 Connects made and deleted leave the operator serving what it did before
+    (bench/connect_scale checks the same after 500)."""
 
     def connector_series() -> int:
         return len(operator.metric("fibers_connector_state")) + len(operator.metric("fibers_connector_running_tasks"))
 
     baseline = connector_series()
-    names = [f"{unique}-{i}" for i in range(200)]
+    names = [f"{unique}-{i}" for i in range(50)]
     for name in names:
         connects.create(name, source_spec(source_file, f"{unique}-churn"))
     wait_for(lambda: connector_series() >= baseline + 2 * len(names), timeout=300, what="a state per Connect served")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
@@ -394,7 +395,7 @@ def test_the_node_runs_the_images_of_the_code_as_it_is(stack_info: StackInfo) ->
         manifest = httpx.head(
             f"https://{host}/v2/{name}/manifests/{tag}",
             headers={"Accept": MANIFEST_TYPES},
-            verify=stack_info.image_registry_ca,
+            verify=ssl.create_default_context(cafile=stack_info.image_registry_ca),
             timeout=10,
         )
         assert manifest.status_code == 200 and manifest.headers["Docker-Content-Digest"] == digest, ref

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fibers_stack import images
+from fibers_stack import build_inputs, images
 from fibers_stack.layout import REPO_ROOT
 
 DOCKERFILE = """\
@@ -40,22 +40,22 @@ def context(tmp_path: Path) -> Path:
 
 
 def tag(context: Path, **extra: str) -> str:
-    return images.dockerfile_tag(context / "Dockerfile", context, {"target": "final", **extra})
+    return build_inputs.dockerfile_tag(context / "Dockerfile", context, {"target": "final", **extra})
 
 
 def test_copied_sources_are_every_context_path_of_copy_and_add(context: Path) -> None:
-    assert images.copied_sources(DOCKERFILE) == ["pyproject.toml", "README.md", "app", "data/seed.json"]
+    assert build_inputs.copied_sources(DOCKERFILE) == ["pyproject.toml", "README.md", "app", "data/seed.json"]
 
 
 def test_the_repository_dockerfile_reads_what_the_images_need() -> None:
-    sources = images.copied_sources((REPO_ROOT / "Dockerfile").read_text())
+    sources = build_inputs.copied_sources((REPO_ROOT / "Dockerfile").read_text())
     for path in ("pyproject.toml", "README.md", "operator", "tools/spark-kafka/pom.xml", "docker/job-entrypoint.sh"):
         assert path in sources
 
 
 def test_the_tag_is_stable_for_the_same_inputs(context: Path) -> None:
     assert tag(context) == tag(context)
-    assert len(tag(context)) == images.TAG_LENGTH
+    assert len(tag(context)) == build_inputs.TAG_LENGTH
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_the_tag_changes_with_what_the_build_reads(context: Path, change: Callab
 
 def test_the_tag_changes_with_the_build_arguments(context: Path) -> None:
     assert tag(context, BASE_IMAGE="localhost/base:a") != tag(context, BASE_IMAGE="localhost/base:b")
-    assert tag(context) != images.dockerfile_tag(context / "Dockerfile", context, {"target": "build"})
+    assert tag(context) != build_inputs.dockerfile_tag(context / "Dockerfile", context, {"target": "build"})
 
 
 def test_the_tag_ignores_what_the_build_does_not_read(context: Path) -> None:
