@@ -48,7 +48,7 @@ demo-down: stack-down
 # the running local stack's registry without it. Writes the chart's image values, by digest, to VALUES.
 VALUES ?= fibers-images.yaml
 images: $(BIN)/.installed system-packages
-	$(BIN)/fibers-stack images $(if $(REGISTRY),--push $(REGISTRY)) $(if $(CERT_DIR),--cert-dir $(CERT_DIR)) --values $(VALUES)
+	$(BIN)/fibers-stack images $(if $(REGISTRY),--push $(REGISTRY)) $(if $(CERT_DIR),--cert-dir $(CERT_DIR)) $(if $(VALUES),--values $(VALUES))
 
 clean-venv:
 	rm -rf $(VENV)

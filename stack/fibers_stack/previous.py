@@ -46,7 +46,8 @@ def source_tree(commit: str) -> Path:
         return tree
     git = ["git", "-C", str(REPO_ROOT)]
     if subprocess.run([*git, "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True).returncode != 0:
-        fetched = subprocess.run([*git, "fetch", "--quiet", "origin", commit], capture_output=True, text=True)
+        fetch = [*git, "fetch", "--quiet", "--depth", "1", "origin", commit]
+        fetched = subprocess.run(fetch, capture_output=True, text=True)
         if fetched.returncode != 0:
             raise RuntimeError(f"commit {commit} is not in this clone and could not be fetched: {fetched.stderr}")
     tree.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ def start(launcher: Launcher) -> Registry:
             {
                 "version": 0.1,
                 "log": {"level": "warn", "formatter": "text", "accesslog": {"disabled": True}},
-                "storage": {"filesystem": {"rootdirectory": str(storage_dir())}, "delete": {"enabled": True}},
+                "storage": {"filesystem": {"rootdirectory": str(storage_dir())}, "delete": {"enabled": False}},
                 "http": {"addr": registry.host, "tls": {"certificate": str(cert), "key": str(key)}},
             }
         )

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fibers_stack import fetch
+from fibers_stack import fetch, images
 from fibers_stack.layout import spark_operator_module
 
 log = logging.getLogger("fibers_stack.spark_operator")
@@ -43,8 +43,8 @@ def crds() -> list[Path]:
 def values(image: str, *, webhook: bool) -> dict[str, Any]:
     """The release's values; `image` is <registry>/<name>:<tag>@<digest> (the chart has no digest value, so
     the tag carries it: the chart joins them back into the same pinned reference)."""
-    registry, _, rest = image.partition("/")
-    repository, _, tag = rest.partition(":")
+    registry, repository, tag, digest = images.parse(image)
+    tag = f"{tag}@{digest}" if digest else tag
     return {
         "image": {"registry": registry, "repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "controller": {

@@ -225,7 +225,7 @@ def test_consumer_pods_deleted_and_killed_lose_nothing(
     rng = random.Random(7)
     pod = wait_for(lambda: consumer_pod(kube, namespace, unique), timeout=120, what="a ready consumer pod")
     container = pod.spec.containers[0]
-    assert container.image == stack_info.images["job"] and container.image_pull_policy in ("Never", "IfNotPresent")
+    assert container.image == stack_info.images["job"] and container.image_pull_policy == "IfNotPresent"
     assert pod.spec.service_account_name == CONSUMER_SERVICE_ACCOUNT  # not the Spark drivers' (pods, services)
     assert container.security_context.read_only_root_filesystem is True
     assert pod.spec.security_context.run_as_non_root is True

@@ -3,7 +3,8 @@
 Each shell block of that section runs in bash from the repository's root, in order, against the local
 stack: the images and the chart go to the stack's OCI registry under a path of this test's own, the release
 is installed from there, upgraded and uninstalled. Only what a reader chooses is replaced — the registry,
-the release's name, its namespace and the watched namespaces — and the registry's private CA is trusted
+the release's name, its namespace, the watched namespaces and where the images' values are written (a file
+of the test's own, never the repository's) — and the registry's private CA is trusted
 the way Go programs (buildah, helm) read one: SSL_CERT_FILE.
 """
 
@@ -26,6 +27,11 @@ from tests.helpers import wait_for
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "## Install on your cluster"
 SYSTEM_CAS = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def owned_by_replica_set(pod: client.V1Pod) -> bool:
+    """The operator's pod (its Deployment's), not the CRD hook Job's."""
+    return any(o.kind == "ReplicaSet" for o in pod.metadata.owner_references or [])
 
 
 def install_blocks() -> list[str]:
@@ -69,6 +75,10 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
         "team-a": team_namespaces[0],
         "team-b": team_namespaces[1],
     }
+    # `make images` writes the images' values to VALUES (default fibers-images.yaml in the repository): here a
+    # file of the test's own, so that a developer's is never touched.
+    values_file = tmp_path / "fibers-images.yaml"
+    replacements["-f fibers-images.yaml"] = f"-f {values_file}"
     # The stack's registry is signed by its own CA: trusted beside the system's, as a platform team's would be.
     bundle = tmp_path / "ca-bundle.crt"
     bundle.write_text(
@@ -77,9 +87,8 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
     tools = f"{fetch.helm().parent}:{fetch.kubernetes()}"
     env = {**os.environ, **stack_info.env(), "SSL_CERT_FILE": str(bundle), "PATH": f"{tools}:{os.environ['PATH']}"}
     env["REGISTRY"] = registry  # the first block's export, as the reader's shell keeps it for the next ones
+    env["VALUES"] = str(values_file)
     core = client.CoreV1Api(kube)
-    values_file = REPO / "fibers-images.yaml"  # where `make images` writes: a developer's own is put back after
-    kept = values_file.read_bytes() if values_file.exists() else None
     try:
         for index, block in enumerate(install_blocks()):
             script = block
@@ -98,7 +107,7 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
                 [pod] = [
                     p
                     for p in core.list_namespaced_pod(namespace).items
-                    if p.metadata.deletion_timestamp is None and p.metadata.owner_references[0].kind == "ReplicaSet"
+                    if p.metadata.deletion_timestamp is None and owned_by_replica_set(p)
                 ]
                 image = pod.spec.containers[0].image
                 host, name, _, digest = images.parse(image)
@@ -115,7 +124,3 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
     finally:
         subprocess.run([str(fetch.helm()), "uninstall", release, "-n", namespace], env=env, capture_output=True)
         subprocess.run(["kubectl", "delete", "namespace", namespace, "--wait=false"], env=env, capture_output=True)
-        if kept is None:
-            values_file.unlink(missing_ok=True)
-        else:
-            values_file.write_bytes(kept)

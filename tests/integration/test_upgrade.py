@@ -37,6 +37,7 @@ from pymongo import MongoClient
 from fibers_stack import StackInfo, apicurio, fetch, images, previous
 from tests.helpers import Resources, debezium_spec, drop_slot, produce, read_records, wait_for
 from tests.integration.test_databus import mutate, table_rows, view_rows
+from tests.integration.test_readme_install import owned_by_replica_set
 
 PREVIOUS = "561795d5cfc8c809d6ca11674fb7ed25eaba5e51"  # Fibers 0.1.0 (chart 0.1.0)
 KINDS = ("connects", "databusconsumers", "transforms", "schemas")
@@ -80,6 +81,9 @@ def old_values(info: StackInfo, version: previous.Version, namespace: str) -> di
 class Load:
     """Rows changing in PostgreSQL in a thread, a few transactions a second, until stopped."""
 
+    PAUSE_SECONDS = 0.2  # between transactions: about five a second
+    FIRST_ID = 10_000  # new rows' ids, above the seed rows and each round's ten
+
     def __init__(self, dsn: str, table: str) -> None:
         self.dsn, self.table = dsn, table
         self.stop = threading.Event()
@@ -90,9 +94,9 @@ class Load:
         rng = random.Random(43)
         with psycopg.connect(self.dsn, autocommit=True) as pg:
             while not self.stop.is_set():
-                mutate(pg, self.table, 1, rng, start_id=10_000 + self.rounds * 10)
+                mutate(pg, self.table, 1, rng, start_id=self.FIRST_ID + self.rounds * 10)
                 self.rounds += 1
-                time.sleep(0.2)
+                time.sleep(self.PAUSE_SECONDS)
 
     def __enter__(self) -> Load:
         self.thread.start()
@@ -121,6 +125,8 @@ def connector_records(info: StackInfo, connector: str) -> list[tuple[bytes | Non
     ]
 
 
+# The earlier images' first build (≈ 3 min cold) happens in this test's set-up, which pytest-timeout counts.
+@pytest.mark.timeout(1500)
 def test_a_running_pipeline_survives_helm_upgrade_from_the_earlier_version_and_rollback(
     stack_info: StackInfo,
     kube: ApiClient,
@@ -202,7 +208,7 @@ def test_a_running_pipeline_survives_helm_upgrade_from_the_earlier_version_and_r
             [pod] = [
                 p
                 for p in core.list_namespaced_pod(release_ns).items
-                if p.metadata.deletion_timestamp is None and p.metadata.owner_references[0].kind == "ReplicaSet"
+                if p.metadata.deletion_timestamp is None and owned_by_replica_set(p)
             ]
             assert pod.spec.containers[0].image == stack_info.images["operator"]
             unchanged("the upgrade")
@@ -220,10 +226,12 @@ def test_a_running_pipeline_survives_helm_upgrade_from_the_earlier_version_and_r
             f"\nhelm upgrade from {PREVIOUS[:7]} {upgrade:.1f} s; helm rollback {rollback:.1f} s; {load.rounds} writes"
         )
     finally:
-        for items in resources.values():
-            for name in {connector, unique}:
-                if items.exists(name):
-                    items.delete(name)
-        wait_for(lambda: not resources["connects"].exists(connector), timeout=90, what="the connector deleted")
-        run([*base, "uninstall", release, "--wait"], check=False)
-        core.delete_namespace(release_ns)
+        try:  # the resources go while an operator runs, so their finalizers complete
+            for items in resources.values():
+                for name in {connector, unique}:
+                    if items.exists(name):
+                        items.delete(name)
+            wait_for(lambda: not resources["connects"].exists(connector), timeout=90, what="the connector deleted")
+        finally:
+            run([*base, "uninstall", release, "--wait"], check=False)
+            core.delete_namespace(release_ns)

@@ -36,9 +36,9 @@ app.kubernetes.io/part-of: fibers
 {{- end }}
 
 {{/*
-An image reference from {registry, repository, tag, digest}: the registry in front when set, then the
-digest when set (it wins over the tag: what runs is exactly what was pushed), else the tag (empty: the
-chart's appVersion). Called with (list $root $image).
+An image reference from {registry, repository, tag, digest}: the registry in front when set; with a
+digest, repository:tag@digest (or repository@digest without a tag) — the digest decides what runs, the
+tag stays for people; else repository:tag (empty: the chart's appVersion). Called with (list $root $image).
 */}}
 {{- define "fibers.imageRef" -}}
 {{- $root := index . 0 }}{{- $image := index . 1 }}
