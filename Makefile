@@ -47,7 +47,11 @@ demo-down: stack-down
 # REGISTRY (e.g. make images REGISTRY=registry.example.com/platform; log in first with buildah login), or to
 # the running local stack's registry without it. Writes the chart's image values, by digest, to VALUES.
 VALUES ?= fibers-images.yaml
-images: $(BIN)/.installed system-packages
+# Needs only buildah and debootstrap (the image builds) and Go >= 1.25 (helm, built on first use), not the
+# local stack's packages.
+images: $(BIN)/.installed
+	@for tool in buildah debootstrap go; do command -v $$tool >/dev/null || { \
+	  echo "make images needs $$tool: apt-get install buildah debootstrap; Go >= 1.25 from go.dev" >&2; exit 1; }; done
 	$(BIN)/fibers-stack images $(if $(REGISTRY),--push $(REGISTRY)) $(if $(CERT_DIR),--cert-dir $(CERT_DIR)) $(if $(VALUES),--values $(VALUES))
 
 clean-venv:
