@@ -193,6 +193,20 @@ class Resources:
         return wait_for(probe, timeout=timeout, what=what or f"{self.kind} {name} status")
 
 
+def spark_apps(kube: Any, namespace: str, transform: str) -> list[dict[str, Any]]:
+    """A Transform's runs (the SparkApplications labelled with it), oldest first."""
+    from kubernetes import client
+
+    items = client.CustomObjectsApi(kube).list_namespaced_custom_object(
+        "sparkoperator.k8s.io",
+        "v1beta2",
+        namespace,
+        "sparkapplications",
+        label_selector=f"fibers.dev/transform={transform}",
+    )["items"]
+    return sorted(items, key=lambda a: a["metadata"]["creationTimestamp"])
+
+
 def produce(bootstrap: str, topic: str, values: list[Any], *, key: str | None = None) -> None:
     """Write JSON values to a topic and wait until Kafka has them all."""
 

@@ -120,8 +120,7 @@ class StackInfo:
         and the namespaces to watch. Callers add what they turn on."""
 
         def image(ref: str) -> dict[str, str]:
-            host, name, tag, digest = images.parse(ref)
-            return {"registry": host, "repository": name, "tag": tag, "digest": digest, "pullPolicy": "IfNotPresent"}
+            return {**images.chart_values(ref), "pullPolicy": "IfNotPresent"}
 
         return {
             "image": image(self.images["operator"]),
@@ -139,7 +138,7 @@ class StackInfo:
 
     def chart_source(self) -> list[str]:
         """The chart argument of `helm install`/`upgrade` on this stack: from its registry, as a user installs it."""
-        return [self.chart, "--version", self.chart_version, "--ca-file", self.image_registry_ca]
+        return registry.chart_source(self.chart, self.chart_version, Path(self.image_registry_ca))
 
     def dead(self) -> list[str]:
         return [name for name, pid in self.pids.items() if not process.alive(pid)]

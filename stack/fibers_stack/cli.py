@@ -82,7 +82,7 @@ def _images(args: argparse.Namespace) -> int:
     pushed = {"image": images.push_to(destination, operator, cert_dir=cert_dir)}
     pushed["jobs"] = images.push_to(destination, job, cert_dir=cert_dir)
     chart, version = registry.push_chart(destination, ca_file)
-    values = {key: _image_values(ref) for key, ref in pushed.items()}
+    values = {key: images.chart_values(ref) for key, ref in pushed.items()}
     text = yaml.safe_dump({"image": values["image"], "jobs": {"image": values["jobs"]}}, sort_keys=False)
     if args.values:
         Path(args.values).write_text(text)
@@ -93,13 +93,6 @@ def _images(args: argparse.Namespace) -> int:
     )
     print(text, end="")
     return 0
-
-
-def _image_values(ref: str) -> dict[str, str]:
-    from fibers_stack import images
-
-    registry, repository, tag, digest = images.parse(ref)
-    return {"registry": registry, "repository": repository, "tag": tag, "digest": digest}
 
 
 def main(argv: list[str] | None = None) -> int:

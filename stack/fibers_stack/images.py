@@ -439,6 +439,12 @@ def push_to(destination: str, ref: str, *, cert_dir: Path | None = None) -> str:
     return push_image(destination, ref, name, tag, buildah=_buildah_argv(), cert_dir=cert_dir)
 
 
+def chart_values(ref: str) -> dict[str, str]:
+    """A reference as the chart's image values (`image`, `jobs.image`): registry, repository, tag, digest."""
+    registry, repository, tag, digest = parse(ref)
+    return {"registry": registry, "repository": repository, "tag": tag, "digest": digest}
+
+
 def parse(ref: str) -> tuple[str, str, str, str]:
     """registry/name:tag@digest → (registry, name, tag, digest): the parts a chart's image values take. The
     registry may carry a path (registry.example.com/platform); the name is the last path segment."""

@@ -35,7 +35,7 @@ class Version:
 
     def chart_source(self, info: StackInfo) -> list[str]:
         """The chart argument of `helm install`/`upgrade`, as StackInfo.chart_source gives the current one."""
-        return [self.chart, "--version", self.chart_version, "--ca-file", info.image_registry_ca]
+        return registry.chart_source(self.chart, self.chart_version, info.oci_registry().ca)
 
 
 def source_tree(commit: str) -> Path:

@@ -144,6 +144,11 @@ def push_chart(destination: str, ca_file: Path | None, chart: Path = FIBERS_CHAR
     return f"{url}/{chart.name}", version
 
 
+def chart_source(chart: str, version: str, ca_file: Path) -> list[str]:
+    """The chart argument of `helm install`/`upgrade` for a chart pushed here, with the CA to trust."""
+    return [chart, "--version", version, "--ca-file", str(ca_file)]
+
+
 def _run(argv: list[str], what: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:

@@ -47,6 +47,7 @@ from tests.helpers import (
     produce,
     read_topic,
     render_chart,
+    spark_apps,
     status_fixture,
     wait_for,
 )
@@ -776,14 +777,7 @@ def test_the_chart_policy_refuses_images_service_accounts_and_spark_settings_it_
     for name in (f"{unique}-img", f"{unique}-sa"):
         selector = f"fibers.dev/databusconsumer={name}"
         assert not apps.list_namespaced_stateful_set(namespace, label_selector=selector).items
-    spark_apps = client.CustomObjectsApi(kube).list_namespaced_custom_object(
-        "sparkoperator.k8s.io",
-        "v1beta2",
-        namespace,
-        "sparkapplications",
-        label_selector=f"fibers.dev/transform={unique}-conf",
-    )
-    assert spark_apps["items"] == []
+    assert spark_apps(kube, namespace, f"{unique}-conf") == []
     for name in (f"{unique}-img", f"{unique}-sa"):  # while the chart's operator runs: it holds their finalizers
         consumers.delete(name)
         wait_for(lambda name=name: not consumers.exists(name), timeout=30, what="the consumer gone")

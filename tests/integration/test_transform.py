@@ -25,12 +25,11 @@ from fibers.jobs.spec import result_config_map
 from fibers.kube import Kube
 from fibers.transform.sparkapp import SparkApplications
 from fibers_stack import StackInfo, spark_operator
-from tests.helpers import Resources, produce, read_topic, wait_for
+from tests.helpers import Resources, produce, read_topic, spark_apps, wait_for
 from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess
 
 pytestmark = pytest.mark.transform
 
-SPARK_APPS = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
 DATA = "/data"
 APP_LABEL = "sparkoperator.k8s.io/app-name"
 KEEP_EXECUTORS = {"spark.kubernetes.executor.deleteOnTermination": "false"}  # to inspect them afterwards
@@ -49,13 +48,6 @@ def data_volume(path: Path, **spark: Any) -> dict[str, Any]:
         "volumeMounts": [{"name": "data", "mountPath": DATA}],
         **spark,
     }
-
-
-def spark_apps(kube: ApiClient, namespace: str, transform: str) -> list[dict[str, Any]]:
-    items = client.CustomObjectsApi(kube).list_namespaced_custom_object(
-        *SPARK_APPS[:2], namespace, SPARK_APPS[2], label_selector=f"fibers.dev/transform={transform}"
-    )["items"]
-    return sorted(items, key=lambda a: a["metadata"]["creationTimestamp"])
 
 
 def spark_pods(kube: ApiClient, namespace: str, run: str) -> list[client.V1Pod]:

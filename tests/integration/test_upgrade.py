@@ -35,7 +35,7 @@ from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo, apicurio, fetch, images, previous
-from tests.helpers import Resources, debezium_spec, drop_slot, produce, read_records, wait_for
+from tests.helpers import Resources, debezium_spec, drop_slot, produce, read_records, spark_apps, wait_for
 from tests.integration.test_databus import mutate, table_rows, view_rows
 from tests.integration.test_readme_install import owned_by_replica_set
 
@@ -189,13 +189,7 @@ def test_a_running_pipeline_survives_helm_upgrade_from_the_earlier_version_and_r
             for plural, items in resources.items():
                 items.wait_condition(names.get(plural, unique), "True", timeout=180)
             assert connector_records(stack_info, connector) == connect_before, f"the connector was touched by {after}"
-            apps = client.CustomObjectsApi(kube).list_namespaced_custom_object(
-                "sparkoperator.k8s.io",
-                "v1beta2",
-                namespace,
-                "sparkapplications",
-                label_selector=f"fibers.dev/transform={unique}",
-            )["items"]
+            apps = spark_apps(kube, namespace, unique)
             assert [a["metadata"]["name"] for a in apps] == [run_name], f"a run submitted again by {after}"
             assert resources["transforms"].status(unique)["currentRun"]["name"] == run_name
             versions = httpx.get(f"{stack_info.registry_url}{apicurio.CCOMPAT}/subjects/{unique}-value/versions")
