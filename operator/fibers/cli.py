@@ -191,6 +191,29 @@ def _crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release(args: argparse.Namespace) -> int:
+    """Take the operator's finalizers off its resources (what the chart's post-delete hook runs)."""
+    from fibers import kubeapi, release
+
+    log = logging.getLogger("fibers.release")
+    api, settings = kubeapi.Api(), release.ReleaseSettings()
+    try:
+        if args.operator:
+            namespace, deployment = args.operator.split("/", 1)
+            if release.operator_installed(api, namespace, deployment):
+                log.info("the operator is still installed: nothing released", extra={"operator": args.operator})
+                return 0
+            release.wait_for_operator_gone(api, namespace, args.pods, settings)
+        done = release.release(api, args.namespace or [], settings)
+    except (kubeapi.ApiError, kubeapi.Unreachable, TimeoutError, RuntimeError) as exc:
+        log.error("the resources were not released", extra={"error": str(exc)})
+        return 1
+    if done.deleting:
+        log.warning("released while being deleted: what they made is left in place", extra={"resources": done.deleting})
+    log.info("every resource released", extra={"count": len(done.resources)})
+    return 0
+
+
 def _crashed(exc: BaseException, secrets: list[str]) -> int:
     """Exit 1 with the traceback Python would print, the secret values (URIs in pymongo's errors) masked."""
     sys.stderr.write(redact("".join(traceback.format_exception(exc)), secrets))
@@ -243,6 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     crds_cmd = sub.add_parser("crds", help="apply this version's CRDs (the chart's pre-upgrade hook runs it)")
     crds_cmd.add_argument("action", choices=["apply"])
     crds_cmd.set_defaults(func=_crds)
+
+    release_cmd = sub.add_parser(
+        "release", help="take the operator's finalizers off its resources (the chart's post-delete hook runs it)"
+    )
+    release_cmd.add_argument("-n", "--namespace", action="append", help="only this namespace (repeatable)")
+    release_cmd.add_argument(
+        "--operator",
+        metavar="NAMESPACE/DEPLOYMENT",
+        help="release only once this Deployment is gone, and its pods (--pods) with it",
+    )
+    release_cmd.add_argument("--pods", default="", help="the label selector of the operator's pods")
+    release_cmd.set_defaults(func=_release)
 
     args = parser.parse_args(argv)
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)

@@ -40,6 +40,7 @@ from fibers_stack import (
     process,
     prometheus,
     registry,
+    services,
     spark_operator,
 )
 from fibers_stack.launcher import Launcher
@@ -91,6 +92,8 @@ class StackInfo:
     chart: str = ""  # the operator's chart in that registry: oci://<registry>/charts/fibers
     chart_version: str = ""
     images: dict[str, str] = field(default_factory=dict)  # by role, in the registry, by digest (pods use these)
+    # host:port by server, as manifests name them: cluster names (`services`) that reach the servers above
+    cluster_addresses: dict[str, str] = field(default_factory=dict)
     built: dict[str, str] = field(default_factory=dict)  # by role, as built (localhost/<name>:<tag>, buildah's)
     pids: dict[str, int] = field(default_factory=dict)
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -166,7 +169,7 @@ def current() -> StackInfo | None:
 def up() -> StackInfo:
     """Start the whole stack, or return the running one."""
     running = current()
-    if running and running.pids and not running.dead() and set(STOP_ORDER) <= set(running.pids):
+    if running and running.pids and not running.dead() and _complete(running):
         log.info("stack already running", extra={"run_dir": running.run_dir})
         return _with_current_images(running)
     if running:
@@ -205,6 +208,7 @@ def up() -> StackInfo:
                     setattr(info, key, value)
                 log.info("%s ready", name, extra={"seconds": round(time.monotonic() - started, 1)})
         prometheus.start_discovery(launcher, info.kubeconfig, info.prometheus_url)
+        info.cluster_addresses = _install_services(info)
     except BaseException:
         info.pids = dict(launcher.pids)
         _save(info)
@@ -215,6 +219,19 @@ def up() -> StackInfo:
     _save(info)
     log.info("stack up", extra={"seconds": round(time.monotonic() - started, 1), "logs": str(info.log_dir)})
     return info
+
+
+def _complete(running: StackInfo) -> bool:
+    """A running stack has what this version starts (else it was started by an earlier one)."""
+    return set(STOP_ORDER) <= set(running.pids) and bool(running.cluster_addresses)
+
+
+def _install_services(info: StackInfo) -> dict[str, str]:
+    from kubernetes import config
+
+    ports = {s.name: services.node_port(getattr(info, s.url_field)) for s in services.SERVERS}
+    with config.new_client_from_config(config_file=info.kubeconfig) as api:
+        return services.install(api, ports)
 
 
 def _start_kubernetes(launcher: Launcher, built: images.Images, info: StackInfo) -> dict[str, str]:

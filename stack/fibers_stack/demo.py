@@ -23,7 +23,6 @@ from typing import Any, cast
 
 import httpx
 import psycopg
-import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
@@ -32,11 +31,12 @@ import fibers_stack as stack
 from fibers import pipeline
 from fibers.api import LABEL_PIPELINE
 from fibers.wire import AvroDecoder, Registry
-from fibers_stack import StackInfo, crds, fetch, spark_operator
+from fibers_stack import StackInfo, crds, fetch
 from fibers_stack.apicurio import CCOMPAT
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
+PREREQUISITES = EXAMPLES / "00-shop.yaml"
 NAMESPACE = "shop"
 PIPELINE = "shop-orders"  # the fibers.dev/pipeline label of the examples' resources
 RELEASE, RELEASE_NAMESPACE = "fibers", "fibers-system"
@@ -208,29 +208,13 @@ def _delete_resources(api: client.ApiClient, timeout: float = 90) -> None:
             )
 
 
-def _install(api: client.ApiClient, info: StackInfo) -> None:
+def _install(api: client.ApiClient, info: StackInfo) -> str:
+    """What the platform team sets up before the operator and the pipeline: the CRDs, the lineage topic,
+    and examples/00 (the namespace, which the chart's RBAC goes into, its Secrets, ConnectCluster and
+    SchemaRegistry)."""
     crds.apply(api)
-    core = client.CoreV1Api(api)
-    labels = {spark_operator.JOB_NAMESPACE_LABEL: "enabled"}  # the Spark Operator runs its SparkApplications
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE, labels=labels)))
-    dsn = psycopg.conninfo.conninfo_to_dict(info.postgres_dsn)
-    core.create_namespaced_secret(
-        NAMESPACE,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="shop-db"),
-            string_data={"host": str(dsn["host"]), "port": str(dsn["port"]), "user": "postgres", "password": "demo"},
-        ),
-    )
-    core.create_namespaced_secret(
-        NAMESPACE,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="shop-mongo"), string_data={"uri": info.mongodb_uri}),
-    )
-    _create_topic(info, LINEAGE_TOPIC)  # as a platform team would, before anything reads or writes it
-    # Where Apicurio's converter in Kafka Connect reaches the registry (examples/06).
-    core.create_namespaced_secret(
-        NAMESPACE,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="shop-registry"), string_data={"url": info.registry_url}),
-    )
+    _create_topic(info, LINEAGE_TOPIC)
+    return _apply(info, PREREQUISITES)
 
 
 def _install_operator(info: StackInfo) -> None:
@@ -263,11 +247,15 @@ def _install_operator(info: StackInfo) -> None:
     )
 
 
-def _apply(api: client.ApiClient, path: Path) -> str:
-    custom = client.CustomObjectsApi(api)
-    body = yaml.safe_load(path.read_text())
-    custom.create_namespaced_custom_object("fibers.dev", "v1beta1", NAMESPACE, PLURALS[body["kind"]], body)
-    return f"{body['kind']}/{body['metadata']['name']}"
+def _apply(info: StackInfo, path: Path) -> str:
+    """`kubectl apply -f` as a user runs it; what it says it did."""
+    kubectl = str(fetch.kubernetes() / "kubectl")
+    result = subprocess.run(
+        [kubectl, "--kubeconfig", info.kubeconfig, "apply", "-f", str(path)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl apply -f {path} failed: {result.stderr.strip()}")
+    return ", ".join(line.strip() for line in result.stdout.splitlines())
 
 
 def _write_orders(info: StackInfo, rounds: int) -> None:
@@ -448,8 +436,8 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     info = stack.up()
     api = config.new_client_from_config(config_file=info.kubeconfig)
     _clean_slate(api, info, screen)
-    screen.step("installing the CRDs and the shop namespace")
-    _install(api, info)
+    screen.step("installing the CRDs, the lineage topic and examples/00-shop.yaml")
+    screen.step(f"kubectl apply -f examples/{PREREQUISITES.name}  →  {_install(api, info)}")
     screen.step(
         f"helm install {RELEASE} {info.chart} --version {info.chart_version} -n {RELEASE_NAMESPACE}"
         "  (the operator, as a pod, from the stack's OCI registry)"
@@ -460,8 +448,8 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
         f"and PodMonitors; its alert rules; Grafana dashboards as ConfigMaps in fibers-system): {info.prometheus_url}"
     )
     report = EXAMPLES / "05-transform-orders-report.yaml"  # applied once there are orders to report on
-    for path in sorted(p for p in EXAMPLES.glob("0*.yaml") if p != report):
-        screen.step(f"kubectl apply -f examples/{path.name}  →  {_apply(api, path)}")
+    for path in sorted(p for p in EXAMPLES.glob("0*.yaml") if p not in (PREREQUISITES, report)):
+        screen.step(f"kubectl apply -f examples/{path.name}  →  {_apply(info, path)}")
 
     def refresh() -> None:
         screen.table(_render(_resources(api)) + "\n\n" + _pods(api))
@@ -472,7 +460,7 @@ def run(tty: bool | None = None, rounds: int = 60) -> int:
     _wait(lambda: all(map(published, CONNECTORS)), 240, "Debezium to publish the orders topics", refresh)
     screen.step(f"writing {rounds} transactions of orders (inserts, updates, deletes) to PostgreSQL")
     _write_orders(info, rounds)
-    screen.step(f"kubectl apply -f examples/{report.name}  →  {_apply(api, report)}")
+    screen.step(f"kubectl apply -f examples/{report.name}  →  {_apply(info, report)}")
     screen.step("waiting for every resource to converge")
     _wait(lambda: _converged(_resources(api)), 600, "the pipeline to converge", refresh)
     refresh()

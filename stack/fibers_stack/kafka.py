@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from fibers_stack import fetch
+from fibers_stack import fetch, services
 from fibers_stack.launcher import Launcher
 from fibers_stack.network import NODE_IP
 from fibers_stack.process import StackError, free_port, new_ca, openssl, port_open, signed_cert
@@ -47,7 +47,7 @@ def _properties(path: Path, values: dict[str, object]) -> Path:
     return path
 
 
-def _java(lib: Path, home: Path, heap: str, main: str, *args: str) -> list[str]:
+def _java(lib: Path, home: Path, heap: str, main: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
     return [
         "java",
         "-Xms128m",
@@ -55,6 +55,7 @@ def _java(lib: Path, home: Path, heap: str, main: str, *args: str) -> list[str]:
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+        *options,
         "-cp",
         f"{lib}/*",
         main,
@@ -173,10 +174,10 @@ def start(launcher: Launcher) -> dict[str, str]:
             "scheduled.rebalance.max.delay.ms": 0,
         },
     )
-    launcher.spawn(
-        "kafka-connect",
-        _java(lib, home, "1g", "org.apache.kafka.connect.cli.ConnectDistributed", str(worker)),
-    )
+    # Connectors reach servers by the cluster names users give them (`services`), as an in-cluster worker would.
+    hosts = services.hosts_file(home / "hosts")
+    main, options = "org.apache.kafka.connect.cli.ConnectDistributed", (f"-Djdk.net.hosts.file={hosts}",)
+    launcher.spawn("kafka-connect", _java(lib, home, "1g", main, str(worker), options=options))
     launcher.wait("kafka-connect", lambda: _connect_ready(connect_url), timeout=180)
     launcher.wait("kafka-connect", lambda: _tls_ready(connect_tls_url, ca), timeout=30)
     return {

@@ -53,9 +53,11 @@ def start(launcher: Launcher) -> dict[str, str]:
         group=user,
         extra_groups=[] if user else None,
     )
-    # Connect (on the host) and pods reach PostgreSQL through the node IP.
+    # Pods reach PostgreSQL from their own addresses; this machine's processes (Connect, tests) from any of
+    # its own (`samehost`): through the `postgres` Service, kube-proxy masquerades a host's connection to the
+    # first address of the machine, not the node IP.
     with open(data / "pg_hba.conf", "a") as hba:
-        for source in (f"{NODE_IP}/32", POD_CIDR):
+        for source in ("samehost", POD_CIDR):
             hba.write(f"host all all {source} trust\nhost replication all {source} trust\n")
     port = free_port()
     settings = {

@@ -803,7 +803,7 @@ KUBE_SCORE_DECLINED = {
 
 def test_kube_score_finds_nothing_but_what_the_chart_declines(helm: Path, tmp_path: Path) -> None:
     """A third-party check (kube-score, built from its module) over the chart as a platform runs it: a
-    standby, the NetworkPolicy, the CRD-upgrade hook. No probe finding at all (each workload has distinct
+    standby, the NetworkPolicy, the CRD-upgrade and release hooks. No probe finding at all (each workload has distinct
     readiness and liveness probes, on real endpoints); every other finding is one KUBE_SCORE_DECLINED names."""
     values = {"watch": {"namespaces": ["team-a"]}, "standby": {"enabled": True}, "networkPolicy": {"enabled": True}}
     docs = render_chart(helm, "fibers-system", values, tmp_path)
@@ -817,7 +817,7 @@ def test_kube_score_finds_nothing_but_what_the_chart_declines(helm: Path, tmp_pa
     )
     results = json.loads(scored.stdout)
     workloads = {r["object_name"] for r in results if r["type_meta"]["kind"] in ("Deployment", "Job")}
-    assert len(workloads) == 3, workloads  # the operator, the standby, the hook's Job
+    assert len(workloads) == 4, workloads  # the operator, the standby, the hooks' Jobs (CRDs, release)
     findings = {
         (r["object_name"], c["check"]["id"])
         for r in results

@@ -2,9 +2,11 @@
 
 Each shell block of that section runs in bash from the repository's root, in order, against the local
 stack: the images and the chart go to the stack's OCI registry under a path of this test's own, the release
-is installed from there, upgraded and uninstalled. Only what a reader chooses is replaced — the registry,
-the release's name, its namespace, the watched namespaces and where the images' values are written (a file
-of the test's own, never the repository's) — and the registry's private CA is trusted
+is installed from there, upgraded and uninstalled — with a Connect, a Schema and a DatabusConsumer left in
+place, which the uninstall must release (no finalizer left, what they made still running). Only what a
+reader chooses is replaced — the registry,
+the release's name, its namespace, the watched namespaces, the servers (the stack's, by their cluster names)
+and where the images' values are written (a file of the test's own, never the repository's) — and the registry's private CA is trusted
 the way Go programs (buildah, helm) read one: SSL_CERT_FILE.
 """
 
@@ -16,17 +18,23 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
+from fibers.api import CONNECT_FINALIZER, FINALIZER
 from fibers_stack import StackInfo, fetch, images
+from fibers_stack.apicurio import CCOMPAT
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "## Install on your cluster"
 SYSTEM_CAS = Path("/etc/ssl/certs/ca-certificates.crt")
+KINDS = {"connects": "Connect", "schemas": "Schema", "databusconsumers": "DatabusConsumer"}
+OURS = {FINALIZER, CONNECT_FINALIZER}
 
 
 def owned_by_replica_set(pod: client.V1Pod) -> bool:
@@ -60,6 +68,69 @@ def team_namespaces(kube: ApiClient) -> Iterator[list[str]]:
         core.delete_namespace(name)
 
 
+def _leave_resources(kube: ApiClient, namespace: str, suffix: str) -> dict[str, str]:
+    """One resource of each kind that holds a finalizer, taken over by the installed operator: the Connect's
+    connector running, the Schema's subject registered. Returns the connector's and the subject's names."""
+    custom = client.CustomObjectsApi(kube)
+    specs = {
+        "connects": {
+            "class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+            "tasksMax": 1,
+            "config": {"file": f"/tmp/readme-{suffix}.txt", "topic": f"readme-{suffix}"},
+        },
+        "schemas": {"subject": f"readme-{suffix}-value", "schema": '{"type": "string"}'},
+        "databusconsumers": {"sources": [f"readme-{suffix}"], "sink": {"type": "log"}, "state": "stopped"},
+    }
+    for plural, spec in specs.items():
+        body = {"apiVersion": "fibers.dev/v1beta1", "kind": KINDS[plural], "metadata": {"name": "left"}, "spec": spec}
+        custom.create_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural, body)
+
+    def taken_over() -> bool:
+        items = [custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, p, "left") for p in specs]
+        return all(OURS & set(i["metadata"].get("finalizers") or []) for i in items) and all(
+            _ready(i) for i in items[:2]
+        )
+
+    wait_for(taken_over, timeout=120, what="the operator to take over the Connect, Schema and DatabusConsumer")
+    connect = custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects", "left")
+    return {"connector": connect["status"]["connectorName"], "subject": specs["schemas"]["subject"]}
+
+
+def _ready(item: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in (item.get("status") or {}).get("conditions", []))
+
+
+def _check_released(kube: ApiClient, stack_info: StackInfo, namespace: str, left: dict[str, str]) -> None:
+    """After the uninstall: every resource is still there without Fibers' finalizers (the hook ran before
+    `helm uninstall --wait` returned), deleting them waits for nothing, and what they made is left running."""
+    custom = client.CustomObjectsApi(kube)
+    for plural in KINDS:
+        item = custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural, "left")
+        assert not OURS & set(item["metadata"].get("finalizers") or []), (plural, item["metadata"])
+    connector = httpx.get(f"{stack_info.connect_url}/connectors/{left['connector']}/status", timeout=10)
+    assert connector.status_code == 200 and connector.json()["connector"]["state"] == "RUNNING", connector.text
+    for plural in KINDS:
+        custom.delete_namespaced_custom_object("fibers.dev", "v1beta1", namespace, plural, "left")
+
+    def gone() -> bool:
+        return not any(
+            custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, p)["items"] for p in KINDS
+        )
+
+    wait_for(gone, timeout=15, what="the released resources to go at once")
+    # Released, not deleted: the connector and the subject outlive their resources.
+    assert httpx.get(f"{stack_info.connect_url}/connectors/{left['connector']}", timeout=10).status_code == 200
+    subjects = httpx.get(f"{stack_info.registry_url}{CCOMPAT}/subjects", timeout=10).json()
+    assert left["subject"] in subjects
+
+
+def _remove_released(stack_info: StackInfo, left: dict[str, str]) -> None:
+    httpx.delete(f"{stack_info.connect_url}/connectors/{left['connector']}", timeout=30)
+    registry = f"{stack_info.registry_url}{CCOMPAT}/subjects/{left['subject']}"
+    httpx.delete(registry, timeout=30)
+    httpx.delete(registry, params={"permanent": "true"}, timeout=30)
+
+
 def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
     stack_info: StackInfo, kube: ApiClient, team_namespaces: list[str], tmp_path: Path
 ) -> None:
@@ -74,6 +145,10 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
         "uninstall fibers ": f"uninstall {release} ",
         "team-a": team_namespaces[0],
         "team-b": team_namespaces[1],
+        # The stack's servers, by the cluster names pods use (fibers_stack.services).
+        "http://connect.kafka:8083": f"http://{stack_info.cluster_addresses['kafka-connect']}",
+        "http://apicurio.registry:8080": f"http://{stack_info.cluster_addresses['schema-registry']}",
+        "kafka.kafka:9092": stack_info.kafka_bootstrap,
     }
     # `make images` writes the images' values to VALUES (default fibers-images.yaml in the repository): here a
     # file of the test's own, so that a developer's is never touched.
@@ -89,8 +164,11 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
     env["REGISTRY"] = registry  # the first block's export, as the reader's shell keeps it for the next ones
     env["VALUES"] = str(values_file)
     core = client.CoreV1Api(kube)
+    left: dict[str, str] = {}
     try:
         for index, block in enumerate(install_blocks()):
+            if "helm uninstall" in block:  # uninstalled with resources present
+                left = _leave_resources(kube, team_namespaces[0], suffix)
             script = block
             for old, new in replacements.items():
                 script = script.replace(old, new)
@@ -121,6 +199,9 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
         )
         assert release not in releases.stdout.split()
         wait_for(lambda: not core.list_namespaced_pod(namespace).items, timeout=60, what="the operator pod gone")
+        _check_released(kube, stack_info, team_namespaces[0], left)
     finally:
+        if left:
+            _remove_released(stack_info, left)
         subprocess.run([str(fetch.helm()), "uninstall", release, "-n", namespace], env=env, capture_output=True)
         subprocess.run(["kubectl", "delete", "namespace", namespace, "--wait=false"], env=env, capture_output=True)
