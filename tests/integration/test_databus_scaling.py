@@ -103,6 +103,23 @@ def test_a_stale_owner_cannot_move_a_checkpoint_backwards(stack_info: StackInfo,
     assert Checkpoints.from_configmap_data(data, ["t"])["t.0"] == online(12)
 
 
+def test_an_owner_never_writes_its_checkpoints_back_into_a_configmap_deleted_since_its_claim(
+    stack_info: StackInfo, namespace: str, unique: str
+) -> None:
+    """A seek deletes the checkpoints once the instances are gone; an instance still stopping (its last
+    flush on SIGTERM) must not create the ConfigMap again with its old positions: the consumers would
+    resume from there and the seek be silently undone."""
+    api = kubeapi.Api(kubeapi.from_kubeconfig(stack_info.kubeconfig))
+    url = kubeapi.path("v1", "configmaps", namespace, f"{unique}-checkpoint")
+    store = CheckpointStore(api, namespace, f"{unique}-checkpoint", ["t"], instance=0, min_interval=0)
+    store.claim("t.0")
+    assert store.save({"t.0": online(10)}, force=True)
+    api.delete(url)  # the seek drops the checkpoints
+    assert not store.save({"t.0": online(20)}, force=True)
+    assert api.get_or_none(url) is None
+    assert store.fenced == {"t.0"}
+
+
 # ----- real pods, rescaled under load --------------------------------------------------------------
 
 PARTITIONS = 8

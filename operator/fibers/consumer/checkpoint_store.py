@@ -241,7 +241,10 @@ class CheckpointStore:
             annotations[self.stopped_key] = ""
         for _ in range(CHECKPOINT_CONFLICT_TRIES):
             cm = self._read()
-            if fenced := fenced_keys(_owners(cm), self.tokens, self.pending):
+            # Gone since our claim made or read it: a seek (or `retention: Delete`) dropped the checkpoints.
+            # Writing would make it again with our old positions, and the seek would be undone unseen.
+            gone = set(self.pending) if cm is None else set()
+            if fenced := gone or fenced_keys(_owners(cm), self.tokens, self.pending):
                 log.warning("checkpoint refused: a newer owner holds the timeline", extra={"timelines": sorted(fenced)})
                 self.fenced |= fenced
                 for key in fenced:
