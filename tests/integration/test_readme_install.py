@@ -4,10 +4,10 @@ Each shell block of that section runs in bash from the repository's root, in ord
 stack: the images and the chart go to the stack's OCI registry under a path of this test's own, the release
 is installed from there, upgraded and uninstalled — with a Connect, a Schema and a DatabusConsumer left in
 place, which the uninstall must release (no finalizer left, what they made still running). Only what a
-reader chooses is replaced — the registry,
-the release's name, its namespace, the watched namespaces, the servers (the stack's, by their cluster names)
-and where the images' values are written (a file of the test's own, never the repository's) — and the registry's private CA is trusted
-the way Go programs (buildah, helm) read one: SSL_CERT_FILE.
+reader chooses is replaced — the registry, the release's name, its namespace, the watched namespaces, the
+servers (the stack's, by their cluster names) and where the images' values are written (a file of the
+test's own, never the repository's) — and the registry's private CA is trusted the way Go programs
+(buildah, helm) read one: SSL_CERT_FILE.
 """
 
 from __future__ import annotations
