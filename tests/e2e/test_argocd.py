@@ -272,7 +272,9 @@ def _point_apps_at(repo: Repo, stack_info: StackInfo, gitops_ns: str, system_ns:
     values = stack_info.chart_values([gitops_ns])
     values["connect"]["syncIntervalSeconds"] = 2
     values["jobs"]["serviceAccount"] = {"create": True}
-    operator["spec"]["source"]["helm"]["valuesObject"] = values
+    # The stack's servers and images over the example's; what else the example sets (uninstall) stays.
+    helm = operator["spec"]["source"]["helm"]
+    helm["valuesObject"] = {**helm["valuesObject"], **values}
     repo.write("examples/argocd/apps/operator.yaml", operator)
     pipeline = repo.read("examples/argocd/apps/pipeline.yaml")
     pipeline["spec"]["source"]["repoURL"] = repo.url
