@@ -774,3 +774,45 @@ def test_an_undecodable_record_stops_a_pod_without_a_crash_loop_and_skip_goes_pa
         unique, lambda s: (s.get("undecodable") or {}).get("skipped") == 1, timeout=180, what="the record skipped"
     )
     consumers.wait_condition(unique, "True", "Consuming", timeout=60)
+
+
+def test_start_from_a_time_at_creation_through_a_seek_and_never_before_what_kafka_keeps(
+    consumers: Resources, namespace: str, unique: str, stack_info: StackInfo
+) -> None:
+    """Records on both sides of T (their timestamps set by the producer). Created with startFrom {timestamp: T},
+    a consumer takes exactly those at or after T; a seek to a time before all of them takes them all again
+    (its checkpoints dropped, the new position resolved by the instance). Once Kafka no longer keeps the
+    first records, a time before them is refused (StartBeforeRetention) rather than moved up unseen."""
+    from confluent_kafka import Producer
+
+    from fibers.startfrom import format_time
+
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # held: its futures die with it
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    t = int(time.time() * 1000) - 60_000
+    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
+    stamps = [t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]  # 4 before T, 6 at or after
+    for i, stamp in enumerate(stamps):
+        producer.produce(unique, key=str(i).encode(), value=json.dumps({"id": i}).encode(), timestamp=stamp)
+    assert producer.flush(30) == 0
+
+    name = f"{unique}-t"
+    consumers.create(name, {"sources": [unique], "sink": {"type": "log"}, "startFrom": {"timestamp": format_time(t)}})
+    done = consumers.wait_status(name, lambda s: s.get("windowScn") == 9, timeout=180, what="the records from T")
+    assert done["eventsProcessed"] == 6, done
+
+    consumers.patch(name, {"spec": {"seek": {"nonce": "1", "startFrom": {"timestamp": format_time(t - 60_000)}}}})
+    again = consumers.wait_status(
+        name,
+        lambda s: s.get("lastSeekNonce") == "1" and s.get("windowScn") == 9 and s.get("eventsProcessed") == 10,
+        timeout=180,
+        what="every record again after the seek",
+    )
+    assert again["eventsProcessed"] == 10, again
+
+    [deleted] = admin.delete_records([TopicPartition(unique, 0, 2)]).values()
+    deleted.result(30)  # Kafka keeps offsets from 2 now
+    late, before = f"{unique}-r", format_time(t - 60_000)
+    consumers.create(late, {"sources": [unique], "sink": {"type": "log"}, "startFrom": {"timestamp": before}})
+    cond = consumers.wait_condition(late, "False", "StartBeforeRetention", timeout=180)
+    assert f"spec.startFrom.timestamp {before}" in cond["message"] and "offsets from 2" in cond["message"], cond

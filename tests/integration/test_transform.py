@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,49 @@ def test_bad_sql_fails_with_sparks_message(
     status = next(s for s in driver.status.container_statuses if s.name == "spark-kubernetes-driver")
     assert "TABLE_OR_VIEW_NOT_FOUND" in status.state.terminated.message
     assert driver.spec.containers[0].termination_message_policy == "FallbackToLogsOnError"
+
+
+def test_a_batch_run_starts_from_a_time_and_never_before_what_kafka_keeps(
+    transforms: Resources, stack_info: StackInfo, unique: str
+) -> None:
+    """An input's startFrom {timestamp: T} over records on both sides of T (their timestamps set by the
+    producer): the run reads exactly those at or after T. Once Kafka no longer keeps the first records, a
+    rerun from a time before them fails naming StartBeforeRetention, instead of Spark moving it up unseen."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.cimpl import TopicPartition
+
+    from fibers.startfrom import format_time
+
+    topic = f"{unique}-stamped"
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # held: its futures die with it
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    t = int(time.time() * 1000) - 60_000
+    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
+    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
+        producer.produce(topic, key=str(i).encode(), value=json.dumps({"id": i}).encode(), timestamp=stamp)
+    assert producer.flush(30) == 0
+    spec = {
+        "inputs": [{"name": "stamped", "kafka": {"topics": [topic], "schema": "id INT"}}],
+        "sql": "SELECT id FROM stamped",
+        "output": {"kafka": {"topic": f"{unique}-ids"}},
+        "rerunNonce": "1",
+    }
+    spec["inputs"][0]["startFrom"] = {"timestamp": format_time(t)}
+    transforms.create(unique, spec)
+    transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
+    assert transforms.status(unique)["currentRun"]["recordsOut"] == 6
+    ids = sorted(json.loads(r)["id"] for r in read_topic(stack_info.kafka_bootstrap, f"{unique}-ids", 6))
+    assert ids == [4, 5, 6, 7, 8, 9]
+
+    [deleted] = admin.delete_records([TopicPartition(topic, 0, 2)]).values()
+    deleted.result(30)  # Kafka keeps offsets from 2 now
+    before = format_time(t - 60_000)
+    spec["inputs"][0]["startFrom"] = {"timestamp": before}
+    transforms.patch(unique, {"spec": {"inputs": spec["inputs"], "rerunNonce": "2"}})
+    cond = transforms.wait_condition(unique, "False", "RunFailed", timeout=300)
+    assert f"StartBeforeRetention: startFrom.timestamp {before}" in cond["message"], cond
+    assert "offsets from 2" in cond["message"], cond
 
 
 @pytest.mark.parametrize(

@@ -725,3 +725,23 @@ def test_each_input_and_output_kind_names_its_lineage_datasets(monkeypatch: pyte
         ("kafka://kafka:9092", "back", 7),
     ]
     assert "secret" not in repr(inputs + outputs)
+
+
+def test_a_kafka_input_starts_from_a_time_or_a_position(tmp_path: Path) -> None:
+    """startFrom reaches the job as Kafka's own words: a timestamp as startingTimestamp (a partition with no
+    record at or after it yet starting at its end), a position as startingOffsets."""
+    from fibers.jobs.inputs import _kafka_options
+
+    def source(start: dict[str, str]) -> KafkaSource:
+        inputs = [{"name": "orders", "kafka": {"topics": ["a"], "startFrom": start}}]
+        spec = JobSpec.from_dict(spec_dict(tmp_path, kafka={"bootstrapServers": "k:9092"}, inputs=inputs))
+        assert isinstance(spec.inputs[0].source, KafkaSource)
+        return spec.inputs[0].source
+
+    at = source({"timestamp": "2026-11-27T09:00:00Z"})
+    options = _kafka_options(JobSpec.from_dict(spec_dict(tmp_path, kafka={"bootstrapServers": "k:9092"})), at)
+    assert options["startingTimestamp"] == "1795770000000" and "startingOffsets" not in options
+    assert options["startingOffsetsByTimestampStrategy"] == "latest"
+    assert source({"position": "latest"}).starting_offsets == "latest"
+    with pytest.raises(SpecError, match=r"spec\.inputs\[0\]\.startFrom\.position must be one of earliest, latest"):
+        source({"position": "bootstrap"})

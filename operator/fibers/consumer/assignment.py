@@ -17,12 +17,13 @@ from fibers.consumer.bootstrap import Bootstrap
 from fibers.consumer.checkpoint_store import CheckpointStore
 from fibers.consumer.ownership import Leases, Members, lease_name, owned_keys
 from fibers.consumer.positions import NEXT_OFFSET, Positions
-from fibers.consumer.stops import BootstrapInterrupted, Stopping
+from fibers.consumer.stops import BootstrapInterrupted, ConsumerStopped, Stopping
 from fibers.consumer.tuning import KAFKA_METADATA_TIMEOUT_SECONDS, OWNERSHIP_CHECK_SECONDS, TAKE_RETRIES
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.timelines import Checkpoints, timeline_key
 from fibers.kubeapi import ApiError, Unreachable
+from fibers.startfrom import before_retention, format_time, offset_at
 
 log = logging.getLogger("fibers.consumer")
 Timeline = tuple[str, int]  # (topic, partition)
@@ -158,9 +159,10 @@ class Assignment:
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
 
     def _resolve_starts(self, topic: str, partitions: list[int]) -> None:
-        """Give the partitions with no position one, as startPosition says, and write it at once, before anything
+        """Give the partitions with no position one, as startFrom says, and write it at once, before anything
         is read: "latest" is the end of the partition now, "earliest" (and a bootstrap's online partitions) the
-        first offset Kafka keeps. Resolved once, ever: a restart resumes from it like from any checkpoint."""
+        first offset Kafka keeps, a timestamp the first record at or after it. Resolved once, ever: a restart
+        resumes from it like from any checkpoint."""
         resolved = []
         for partition in partitions:
             key = timeline_key(topic, partition)
@@ -168,12 +170,28 @@ class Assignment:
                 low, high = self.consumer.get_watermark_offsets(
                     TopicPartition(topic, partition), timeout=KAFKA_METADATA_TIMEOUT_SECONDS
                 )
-                offset = int(high if self.config.start_position == "latest" else low)
+                offset = self._start_offset(topic, partition, int(low), int(high))
                 current = self.positions.get(key) or Checkpoint.initial()
                 self.positions.checkpoints[key] = current.with_values({NEXT_OFFSET: offset})
                 resolved.append(key)
         if resolved:
             self.positions.save(resolved, force=True)
+
+    def _start_offset(self, topic: str, partition: int, low: int, high: int) -> int:
+        start = self.config.start_from
+        if start.timestamp_ms is None:
+            return high if start.position == "latest" else low
+        [found] = self.consumer.offsets_for_times(
+            [TopicPartition(topic, partition, start.timestamp_ms)], timeout=KAFKA_METADATA_TIMEOUT_SECONDS
+        )
+        if before_retention(found.offset, low):
+            raise ConsumerStopped(
+                f"StartBeforeRetention: {self.config.start_field}.timestamp {format_time(start.timestamp_ms)} is "
+                f"older than what Kafka keeps of {topic}/{partition} (offsets from {low}): records since then may "
+                "be gone. Start from a later time, or from position earliest to take what is kept",
+                code=5,
+            )
+        return offset_at(found.offset, high)
 
     def _drop(self, key: str) -> None:
         """Forget a timeline taken but not consumed (its Lease lost, or a server away while it was being

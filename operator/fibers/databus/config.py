@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from fibers.startfrom import POSITIONS, StartFrom, StartFromError
 
 # The pod's own name and uid, from the downward API (the StatefulSet sets them): its ordinal, and the name
 # its Leases are held in. Here rather than with the StatefulSet, so a consumer pod does not load kopf.
 POD_NAME_ENV, POD_UID_ENV = "FIBERS_POD_NAME", "FIBERS_POD_UID"
 SINK_TYPES = ("mongodb", "history", "bootstrap", "kafka", "log", "callback")
-START_POSITIONS = ("bootstrap", "earliest", "latest")
 UNDECODABLE_ACTIONS = ("fail", "skip", "deadLetter")  # fibers.consumer.undecodable
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's rule for topic names
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -46,7 +48,9 @@ class ConsumerConfig:
     checkpoint_config_map: str
     instance: int = 0
     instances: int = 1
-    start_position: str = "bootstrap"  # when there is no checkpoint: bootstrap | earliest | latest
+    # Where a timeline with no checkpoint starts (fibers.startfrom), and the field that said so.
+    start_from: StartFrom = field(default_factory=lambda: StartFrom(position="bootstrap"))
+    start_field: str = "spec.startFrom"
     bootstrap: dict[str, Any] | None = None  # {"uriEnv", "database"} of the bootstrap store
     checkpoint_min_interval: float = 1.0
     callback_timeout: float = 60.0
@@ -73,7 +77,10 @@ class ConsumerConfig:
             checkpoint_config_map=checkpoint["configMapName"],
             instance=int(data.get("instance", 0)),
             instances=int(data.get("instances", 1)),
-            start_position=data.get("startPosition", "bootstrap"),
+            start_from=_start_from(data),
+            start_field=str(
+                data.get("startFromField") or ("spec.startFrom" if "startFrom" in data else "spec.startPosition")
+            ),
             bootstrap=data.get("bootstrap"),
             checkpoint_min_interval=float(checkpoint.get("minIntervalSeconds", 1.0)),
             callback_timeout=float(callback.get("timeoutSeconds", 60)),
@@ -86,6 +93,11 @@ class ConsumerConfig:
             on_undecodable=str((data.get("onUndecodable") or {}).get("action", "fail")),
             dead_letter_topic=(data.get("onUndecodable") or {}).get("deadLetterTopic"),
         )
+
+    @property
+    def start_position(self) -> str:
+        """The position a timeline with no checkpoint starts at: a POSITIONS word, or "timestamp"."""
+        return "timestamp" if self.start_from.timestamp_ms is not None else str(self.start_from.position)
 
     def secrets(self) -> list[str]:
         """The values of the environment variables that carry MongoDB URIs (to mask in messages)."""
@@ -106,10 +118,14 @@ class ConsumerConfig:
                 f"spec.checkpoint.configMapName: {self.checkpoint_config_map!r} is not a ConfigMap name "
                 "(lower-case letters, digits, '-' and '.', at most 253)"
             )
-        if self.start_position not in START_POSITIONS:
-            raise ConfigError(f"spec.startPosition must be one of {', '.join(START_POSITIONS)}")
+        if self.start_from.timestamp_ms is None and self.start_from.position not in POSITIONS:
+            raise ConfigError(f"{self.start_field} must be one of {', '.join(POSITIONS)}")
         if self.start_position == "bootstrap" and not self.bootstrap:
-            raise ConfigError("spec.startPosition bootstrap needs spec.bootstrap (enabled, with a store)")
+            raise ConfigError(f"{self.start_field} bootstrap needs spec.bootstrap (enabled, with a store)")
+        try:
+            self.start_from.check(int(time.time() * 1000), self.start_field)
+        except StartFromError as exc:
+            raise ConfigError(str(exc)) from None
         if self.on_undecodable not in UNDECODABLE_ACTIONS:
             raise ConfigError(f"spec.onUndecodable.action must be one of {', '.join(UNDECODABLE_ACTIONS)}")
         if self.on_undecodable == "deadLetter":
@@ -168,3 +184,13 @@ def _check_database(database: str, where: str) -> None:
         raise ConfigError(
             f'{where}: {database!r} is not a MongoDB database name (1-63 characters, none of / \\ . space " $)'
         )
+
+
+def _start_from(data: dict[str, Any]) -> StartFrom:
+    """The rendered `startFrom` ({position} or {timestamp}), or the older `startPosition` word."""
+    if "startFrom" not in data:
+        return StartFrom.of_position(str(data.get("startPosition", "bootstrap")))
+    try:
+        return StartFrom.parse(data["startFrom"], str(data.get("startFromField") or "spec.startFrom"))
+    except StartFromError as exc:
+        raise ConfigError(str(exc)) from None

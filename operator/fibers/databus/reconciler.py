@@ -22,13 +22,14 @@ from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.policy import SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
 from fibers.databus.timelines import Checkpoints
-from fibers.databus.workload import PLURAL
+from fibers.databus.workload import PLURAL, seek_position
 from fibers.kube import Kube
 from fibers.kubeapi import path
 from fibers.podpolicy import PodPolicy
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
+from fibers.startfrom import StartFrom, StartFromError
 
 log = logging.getLogger("fibers.databus.operator")
 
@@ -42,7 +43,7 @@ class Pass:
     existing: dict[str, Any] | None = None  # its StatefulSet (None: none, or another's)
     cm: dict[str, Any] | None = None  # its checkpoint ConfigMap (None: none, or another's)
     conflict: str = ""  # a StatefulSet, ConfigMap or Lease of its names that is another's
-    start: str | None = None  # the position of a seek under way (spec.seek.to)
+    start: StartFrom | None = None  # the position of a seek under way (spec.seek.startFrom, or its older `to`)
     health: Condition = field(default_factory=lambda: upstream.condition([], ""))  # UpstreamReady
     topics: list[str] = field(default_factory=list)
     waiting: str = ""  # what its sourceRefs still lack
@@ -143,12 +144,18 @@ class DatabusReconciler:
     async def _seek(self, p: Pass) -> None:
         seek = p.spec.get("seek")
         if seek and seek["nonce"] != p.status.get("lastSeekNonce") and not p.conflict:
+            try:  # checked before anything stops: a seek that cannot start leaves the consumer running
+                seek_position(seek).check(int(time.time() * 1000), "spec.seek.startFrom")
+            except StartFromError as exc:
+                p.problem = str(exc)
+                return
             await self._stop_and_drop_checkpoints(p.body, seek, p.context)
             p.status["lastSeekNonce"] = seek["nonce"]
             await self.kube.replace_status(PLURAL, p.namespace, p.name, p.status, p.body.get("status") or {})
             p.body["status"] = dict(p.status)
             p.existing = p.cm = None
-        p.start = seek["to"] if seek and seek["nonce"] == p.status.get("lastSeekNonce") else None
+        if seek and seek["nonce"] == p.status.get("lastSeekNonce"):
+            p.start = seek_position(seek)
 
     async def _resolve_sources(self, p: Pass) -> None:
         """What sourceRefs point at, read now: their topics, and whether they are healthy."""
@@ -190,7 +197,7 @@ class DatabusReconciler:
                     topics=p.topics,
                     producers=p.producers,
                     kafka_bootstrap=self.kafka_bootstrap,
-                    start_position=p.start,
+                    seek=p.start,
                     registry_url=registry_url,
                     lineage=self.lineage,
                 )
@@ -273,7 +280,8 @@ class DatabusReconciler:
         ):
             await asyncio.sleep(SEEK_STOP_POLL_SECONDS)
         await self.delete_checkpoints(body)
-        log.warning("seek: checkpoints removed", extra={**ctx, "to": seek["to"], "nonce": seek["nonce"]})
+        to = seek_position(seek).to_dict()
+        log.warning("seek: checkpoints removed", extra={**ctx, "to": to, "nonce": seek["nonce"]})
 
     async def _foreign_lease(self, namespace: str, name: str, topics: list[str]) -> str:
         """A Lease named as one of the consumer's partitions that its instances did not make: they leave it

@@ -17,6 +17,7 @@ from fibers.api import DATABUS_PLURAL
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
 from fibers.kube import adopt
+from fibers.startfrom import StartFrom
 from fibers.upstream import Upstream
 from fibers.watches import Child
 
@@ -57,7 +58,7 @@ def render_config(
     topics: list[str],
     kafka_bootstrap: str | None,
     producers: dict[str, dict[str, str]] | None = None,
-    start_position: str | None = None,
+    seek: StartFrom | None = None,
     registry_url: str | None = None,
     lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def render_config(
             "configMapName": checkpoint_config_map(body),
             "minIntervalSeconds": float(checkpoint.get("minIntervalSeconds", 1)),
         },
-        "startPosition": start_position or spec.get("startPosition", "earliest"),
+        **_start_from(spec, seek),
         "callback": {
             "timeoutSeconds": policy.get("timeoutSeconds", 60),
             "retries": policy.get("retries", 5),
@@ -217,3 +218,21 @@ def statefulset(
     }
     adopt(manifest, body)
     return manifest
+
+
+def _start_from(spec: dict[str, Any], seek: StartFrom | None) -> dict[str, Any]:
+    """Where timelines without a checkpoint start: a seek under way, else spec.startFrom, else the older
+    spec.startPosition, else the oldest record; with the field that said so, for messages."""
+    if seek is not None:
+        return {"startFrom": seek.to_dict(), "startFromField": "spec.seek.startFrom"}
+    if "startFrom" in spec:
+        return {"startFrom": dict(spec["startFrom"]), "startFromField": "spec.startFrom"}
+    position = str(spec.get("startPosition", "earliest"))
+    return {"startFrom": {"position": position}, "startFromField": "spec.startPosition"}
+
+
+def seek_position(seek: dict[str, Any]) -> StartFrom:
+    """Where a seek starts the consumer again: spec.seek.startFrom, or its older form `to` (a position)."""
+    if "startFrom" in seek:
+        return StartFrom.parse(seek["startFrom"], "spec.seek.startFrom")
+    return StartFrom.of_position(str(seek["to"]))

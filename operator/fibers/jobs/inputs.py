@@ -23,8 +23,10 @@ from fibers.jobs import avro
 from fibers.jobs.mongo import env_value
 from fibers.jobs.spec import FilesSource, JobSpec, KafkaSource, MongoSource, Source
 from fibers.mongodb import SELECTION_TIMEOUT_MS
+from fibers.startfrom import before_retention, format_time
 
 log = logging.getLogger("fibers.jobs.inputs")
+KAFKA_TIMEOUT_SECONDS = 30.0  # a metadata or offsets lookup of the startFrom check
 
 
 def build_views(spark: SparkSession, spec: JobSpec) -> dict[str, DataFrame]:
@@ -46,8 +48,14 @@ def _read(spark: SparkSession, spec: JobSpec, source: Source) -> DataFrame:
     return read_mongodb(spark, source)
 
 
+class StartBeforeRetention(Exception):
+    """An input's startFrom.timestamp is older than what Kafka keeps: the records between may be gone."""
+
+
 def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrame:
     """Batch reads what the topics hold now (start → latest); streaming follows them from the start."""
+    if source.start_timestamp_ms is not None:
+        refuse_before_retention(cast(str, spec.bootstrap_servers), source.topics, source.start_timestamp_ms)
     if spec.streaming:
         raw = spark.readStream.format("kafka").options(**_kafka_options(spec, source)).load()
     else:
@@ -58,10 +66,15 @@ def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> Data
 
 
 def _kafka_options(spec: JobSpec, source: KafkaSource) -> dict[str, str]:
+    options = {"kafka.bootstrap.servers": cast(str, spec.bootstrap_servers), "subscribe": ",".join(source.topics)}
+    if source.start_timestamp_ms is None:
+        return {**options, "startingOffsets": source.starting_offsets}
+    # startFrom.timestamp: Spark looks up the offsets for that time; a partition with no record at or after
+    # it yet starts at its end (`latest`, as fibers.startfrom says) instead of failing the query.
     return {
-        "kafka.bootstrap.servers": cast(str, spec.bootstrap_servers),
-        "subscribe": ",".join(source.topics),
-        "startingOffsets": source.starting_offsets,
+        **options,
+        "startingTimestamp": str(source.start_timestamp_ms),
+        "startingOffsetsByTimestampStrategy": "latest",
     }
 
 
@@ -165,3 +178,26 @@ def input_statistics(
         else:
             rows[item.name] = views[item.name].count()
     return rows, offsets
+
+
+def refuse_before_retention(bootstrap: str, topics: Iterable[str], timestamp_ms: int) -> None:
+    """Spark would move a time Kafka no longer keeps up to the oldest record, unseen: refused here first."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "fibers-startfrom-check", "enable.auto.commit": False}
+    )
+    try:
+        for topic in topics:
+            partitions = consumer.list_topics(topic, timeout=KAFKA_TIMEOUT_SECONDS).topics[topic].partitions
+            wanted = [TopicPartition(topic, p, timestamp_ms) for p in sorted(partitions)]
+            for found in consumer.offsets_for_times(wanted, timeout=KAFKA_TIMEOUT_SECONDS):
+                low, _ = consumer.get_watermark_offsets(found, timeout=KAFKA_TIMEOUT_SECONDS)
+                if before_retention(found.offset, low):
+                    raise StartBeforeRetention(
+                        f"StartBeforeRetention: startFrom.timestamp {format_time(timestamp_ms)} is older than what "
+                        f"Kafka keeps of {topic}/{found.partition} (offsets from {low}): records since then may be "
+                        "gone. Start from a later time, or from position earliest to take what is kept"
+                    )
+    finally:
+        consumer.close()

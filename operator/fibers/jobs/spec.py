@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fibers import lineage
+from fibers.startfrom import StartFrom, StartFromError
 
 MODES = ("batch", "streaming")
 SAVE_MODES = ("overwrite", "append", "ignore", "error", "errorifexists")
@@ -63,7 +64,8 @@ class SpecError(ValueError):
 class KafkaSource:
     topics: tuple[str, ...]
     schema: str | None = None
-    starting_offsets: str = "earliest"
+    starting_offsets: str = "earliest"  # earliest | latest, unless start_timestamp_ms is set
+    start_timestamp_ms: int | None = None  # startFrom.timestamp: the first record at or after it (fibers.startfrom)
     avro: AvroRef | None = None  # values in the registry's wire format (schema is then None)
     producer: lineage.Producer | None = None  # the Connect or Transform a reference named (connectRef, transformRef)
 
@@ -330,7 +332,13 @@ def _parse_input(raw: Any, where: str) -> Input:
         topics = body.get("topics")
         if not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics):
             raise SpecError(f"{at}.topics must be a non-empty list of topic names")
-        offsets = _opt_str(body, "startingOffsets", at) or "earliest"
+        offsets, start_ms = _opt_str(body, "startingOffsets", at) or "earliest", None
+        if "startFrom" in body:
+            try:
+                start = StartFrom.parse(body["startFrom"], f"{where}.startFrom", ("earliest", "latest"))
+            except StartFromError as exc:
+                raise SpecError(str(exc)) from None
+            offsets, start_ms = start.position or "earliest", start.timestamp_ms
         avro_ref = _parse_avro(body.get("avro"), f"{at}.avro")
         if avro_ref is not None and body.get("schema") is not None:
             raise SpecError(f"{at}: avro values carry their own schema; leave schema out")
@@ -338,7 +346,12 @@ def _parse_input(raw: Any, where: str) -> Input:
         if producer is not None and not (isinstance(producer, dict) and {"kind", "name", "namespace"} <= set(producer)):
             raise SpecError(f"{at}.producer must have kind, name and namespace")
         source = KafkaSource(
-            tuple(topics), _opt_str(body, "schema", at), offsets, avro_ref, lineage.Producer.from_dict(producer)
+            tuple(topics),
+            _opt_str(body, "schema", at),
+            offsets,
+            start_ms,
+            avro_ref,
+            lineage.Producer.from_dict(producer),
         )
     elif kind == "files":
         options = _str_map(body.get("options"), f"{at}.options")

@@ -97,6 +97,9 @@ def render_job(
             if ref.get("schema"):
                 view["kafka"]["schema"] = ref["schema"]
             uses_kafka = True
+        if "kafka" in view and "startFrom" in item:
+            view["kafka"].pop("startingOffsets", None)
+            view["kafka"]["startFrom"] = dict(item["startFrom"])
         if "kafka" in view and item["name"] in avro:
             view["kafka"]["avro"] = avro[item["name"]]
         elif "files" in item:
