@@ -111,6 +111,7 @@ class Resources:
             "transforms": "Transform",
             "databusconsumers": "DatabusConsumer",
             "schemas": "Schema",
+            "replays": "Replay",
         }[plural]
 
     def create(
@@ -333,6 +334,9 @@ HEALTH = {
     "schema-registered": ("Healthy", "orders-value version 2 (id 12)"),
     "schema-incompatible": ("Degraded", "nothing was registered"),
     "schema-drifted": ("Degraded", "registered outside this resource"),
+    "replay-running": ("Progressing", "1/3 steps repositioned"),
+    "replay-succeeded": ("Healthy", "every step runs from"),
+    "replay-failed": ("Degraded", "untouched: none"),
     "schema-registry-unreachable": ("Progressing", "connection refused"),
 }
 

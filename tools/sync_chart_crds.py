@@ -27,7 +27,7 @@ PACKAGE_CRDS = REPO / "operator" / "fibers" / "crds"  # in the operator image: `
 HEALTH_LUA = CHART / "argocd" / "health.lua"
 APPLICATION_LUA = CHART / "argocd" / "application-health.lua"
 ARGOCD_VALUES = CHART / "argocd" / "argocd-cm-values.yaml"
-KINDS = ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
+KINDS = ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry", "Replay")
 
 _HEADER = """\
 # Argo CD health checks for Fibers resources. Generated from health.lua by tools/sync_chart_crds.py;

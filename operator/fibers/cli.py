@@ -170,6 +170,53 @@ def _pipeline(args: argparse.Namespace) -> int:
         kube.close()
 
 
+def _replay(args: argparse.Namespace) -> int:
+    """Create a Replay of a pipeline from a time (or position) and follow it to its end, a line per change;
+    exit 0 when every step was repositioned, 1 when one failed (the line says which, and where it stopped)."""
+    from fibers import api as names
+    from fibers.kubeconfig import Kubeconfig
+    from fibers.startfrom import StartFrom, StartFromError
+
+    try:
+        start = StartFrom.parse(
+            {"position": args.from_} if args.from_ in ("earliest", "latest") else {"timestamp": args.from_}, "--from"
+        )
+    except StartFromError as exc:
+        print(str(exc).replace("--from.timestamp", "--from").replace("--from.position", "--from"), file=sys.stderr)
+        return 2
+    kube = Kubeconfig(args.context)
+    namespace = args.namespace or kube.namespace
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": "Replay",
+        "metadata": {"generateName": f"{args.pipeline[:40]}-"},
+        "spec": {"pipeline": args.pipeline, "startFrom": start.to_dict(), "sinks": args.sinks},
+    }
+    try:
+        name = kube.create_object("replays", namespace, body)["metadata"]["name"]
+        print(f"replay {namespace}/{name}: pipeline {args.pipeline} {start.describe()}", flush=True)
+        said: set[str] = set()
+        while True:
+            status = kube.get_object("replays", namespace, name).get("status") or {}
+            for step in status.get("steps") or []:
+                line = f"  {step['kind']}/{step['name']}: {step['state']}" + (
+                    f" — {step['message']}" if step.get("message") else ""
+                )
+                if line not in said and step["state"] != "Waiting":
+                    said.add(line)
+                    print(line, flush=True)
+            if status.get("phase") in ("Succeeded", "Failed"):
+                ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+                print(f"{status['phase']}: {ready.get('message', '')}", flush=True)
+                return 0 if status["phase"] == "Succeeded" else 1
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        print(f"stopped following; the replay goes on: kubectl get replay {name} -n {namespace}", file=sys.stderr)
+        return 130
+    finally:
+        kube.close()
+
+
 def _pipeline_code(chains: list[list[Any]]) -> int:
     from fibers import pipeline
 
@@ -262,6 +309,19 @@ def main(argv: list[str] | None = None) -> int:
     pipeline_cmd.add_argument("-w", "--watch", action="store_true", help="print it again every --interval seconds")
     pipeline_cmd.add_argument("--interval", type=float, default=5.0, help="seconds between looks with --watch")
     pipeline_cmd.set_defaults(func=_pipeline)
+
+    replay_cmd = sub.add_parser(
+        "replay", help="move a pipeline's steps back to a time, together and in order, and follow it"
+    )
+    replay_cmd.add_argument("pipeline", help="the value of the fibers.dev/pipeline label")
+    replay_cmd.add_argument(
+        "--from", dest="from_", required=True, help="an RFC 3339 time (2026-11-27T09:00:00Z), earliest or latest"
+    )
+    replay_cmd.add_argument("--sinks", choices=["skip-existing", "reapply"], default="skip-existing")
+    replay_cmd.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    replay_cmd.add_argument("--context", help="the kubeconfig context (default: the current one)")
+    replay_cmd.add_argument("--interval", type=float, default=2.0, help="seconds between looks")
+    replay_cmd.set_defaults(func=_replay)
 
     crds_cmd = sub.add_parser("crds", help="apply this version's CRDs (the chart's pre-upgrade hook runs it)")
     crds_cmd.add_argument("action", choices=["apply"])

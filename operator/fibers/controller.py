@@ -29,6 +29,10 @@ from fibers.databus.workload import PLURAL as CONSUMERS
 from fibers.kube import Kube, custom, load_client
 from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
+from fibers.replay import handlers as _replay_handlers  # registers handlers
+from fibers.replay.plan import KIND as REPLAY_KIND
+from fibers.replay.plan import PLURAL as REPLAYS
+from fibers.replay.reconciler import ReplayReconciler
 from fibers.schemas import handlers as _schema_handlers  # registers handlers
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.spec import PLURAL as SCHEMAS
@@ -45,7 +49,7 @@ log = logging.getLogger("fibers.operator")
 
 RECONCILED_KINDS = (CONNECT_KIND, TRANSFORM_KIND, DATABUS_KIND)  # fibers_reconciles_total{kind=…}
 CLUSTER_PLURALS = (CONNECT_CLUSTERS, REGISTRIES)
-NAMESPACED_PLURALS = (CONNECTS, TRANSFORMS, CONSUMERS, SCHEMAS)
+NAMESPACED_PLURALS = (CONNECTS, TRANSFORMS, CONSUMERS, SCHEMAS, REPLAYS)
 
 
 # Handlers called on every watch event: kopf's line after each call is dropped (`logs.WatchHandlerSuccess`).
@@ -56,6 +60,7 @@ _WATCHING: tuple[Callable[..., Any], ...] = (
     _transform_handlers.transform_event,
     _schema_handlers.registry_event,
     _schema_handlers.schema_event,
+    _replay_handlers.replay_event,
 )
 WATCH_HANDLERS = {handler.__qualname__ for handler in _WATCHING}  # kopf's handler ids
 
@@ -121,6 +126,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     reconciles.register(TRANSFORM_KIND, memo.transform.reconcile)
     reconciles.register(DATABUS_KIND, memo.databus.reconcile)
+    reconciles.register(REPLAY_KIND, ReplayReconciler(kube).reconcile)
     memo.reconciles_task = asyncio.create_task(reconciles.run(), name="reconciles")
     # The children each kind creates, watched by label: a change is a reason to look at their owner.
     retry = (config.pacing.retry_min, config.pacing.retry_max)

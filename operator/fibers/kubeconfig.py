@@ -18,7 +18,7 @@ import yaml
 
 from fibers.api import GROUP, VERSION
 
-INSTALL_HINT = "fibers pipeline needs the kubernetes package: pip install 'fibers[cli]'"
+INSTALL_HINT = "fibers pipeline and fibers replay need the kubernetes package: pip install 'fibers[cli]'"
 
 
 class Kubeconfig:
@@ -52,6 +52,18 @@ class Kubeconfig:
                 GROUP, VERSION, namespace, plural, label_selector=label_selector
             )
         return list(cast(dict[str, Any], listing).get("items") or [])
+
+    def create_object(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._client)
+        return cast(dict[str, Any], api.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body))
+
+    def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._client)
+        return cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name))
 
     def close(self) -> None:
         self._client.close()

@@ -296,7 +296,7 @@ def test_argocd_snippet_carries_the_health_check_for_each_kind() -> None:
     assert health == {
         **{
             f"resource.customizations.health.fibers.dev_{k}": script
-            for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry")
+            for k in ("Connect", "ConnectCluster", "Transform", "DatabusConsumer", "Schema", "SchemaRegistry", "Replay")
         },
         "resource.customizations.health.argoproj.io_Application": (
             CHART / "argocd" / "application-health.lua"
@@ -389,6 +389,7 @@ def test_status_fixtures_fit_the_crds(kube: ApiClient, namespace: str) -> None:
         "Transform": "transforms",
         "DatabusConsumer": "databusconsumers",
         "Schema": "schemas",
+        "Replay": "replays",
     }
     for name in sorted(HEALTH):
         obj = status_fixture(name)
@@ -422,6 +423,7 @@ VERSIONED = {
     "Schema": ("schemas", status_fixture("schema-registered")["spec"]),
     "SchemaRegistry": ("schemaregistries", {"url": "http://registry.example:8080/apis/ccompat/v7"}),
     "Transform": ("transforms", status_fixture("transform-batch-succeeded")["spec"]),
+    "Replay": ("replays", status_fixture("replay-succeeded")["spec"]),
 }
 
 

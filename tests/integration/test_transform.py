@@ -217,12 +217,13 @@ def test_bad_sql_fails_with_sparks_message(
     assert driver.spec.containers[0].termination_message_policy == "FallbackToLogsOnError"
 
 
-def test_a_batch_run_starts_from_a_time_and_never_before_what_kafka_keeps(
+def test_a_batch_run_starts_from_a_time_a_seek_runs_it_again_and_never_before_what_kafka_keeps(
     transforms: Resources, stack_info: StackInfo, unique: str
 ) -> None:
     """An input's startFrom {timestamp: T} over records on both sides of T (their timestamps set by the
-    producer): the run reads exactly those at or after T. Once Kafka no longer keeps the first records, a
-    rerun from a time before them fails naming StartBeforeRetention, instead of Spark moving it up unseen."""
+    producer): the run reads exactly those at or after T. A seek to earliest runs it again over every record.
+    Once Kafka no longer keeps the first records, a seek to a time before them fails the run naming
+    StartBeforeRetention, instead of Spark moving it up unseen."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
     from confluent_kafka.cimpl import TopicPartition
@@ -250,11 +251,20 @@ def test_a_batch_run_starts_from_a_time_and_never_before_what_kafka_keeps(
     ids = sorted(json.loads(r)["id"] for r in read_topic(stack_info.kafka_bootstrap, f"{unique}-ids", 6))
     assert ids == [4, 5, 6, 7, 8, 9]
 
+    # A seek runs it again from where it says, whatever the input says: from the oldest record here.
+    transforms.patch(unique, {"spec": {"seek": {"nonce": "1", "startFrom": {"position": "earliest"}}}})
+    transforms.wait_status(
+        unique,
+        lambda s: s.get("lastSeekNonce") == "1" and (s.get("currentRun") or {}).get("recordsOut") == 10,
+        timeout=300,
+        what="the seek's run over every record",
+    )
+
     [deleted] = admin.delete_records([TopicPartition(topic, 0, 2)]).values()
     deleted.result(30)  # Kafka keeps offsets from 2 now
     before = format_time(t - 60_000)
-    spec["inputs"][0]["startFrom"] = {"timestamp": before}
-    transforms.patch(unique, {"spec": {"inputs": spec["inputs"], "rerunNonce": "2"}})
+    seek = {"nonce": "2", "startFrom": {"position": None, "timestamp": before}}  # a merge patch: the old one out
+    transforms.patch(unique, {"spec": {"seek": seek}})
     cond = transforms.wait_condition(unique, "False", "RunFailed", timeout=300)
     assert f"StartBeforeRetention: startFrom.timestamp {before}" in cond["message"], cond
     assert "offsets from 2" in cond["message"], cond

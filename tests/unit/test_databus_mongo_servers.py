@@ -16,6 +16,7 @@ from fibers.consumer.mongo_servers import (
     MONGODB,
     Stored,
     Write,
+    at_most,
     duplicate_indexes,
     older_than,
     server_for,
@@ -53,6 +54,13 @@ def test_the_mongodb_guard_matches_only_an_older_or_unversioned_document() -> No
     assert older_than(Write("k", 7, {"_scn": 7})) == {
         "_id": "k",
         "$or": [{"_scn": {"$lt": 7}}, {"_scn": {"$exists": False}}],
+    }
+
+
+def test_a_replay_told_to_reapply_matches_the_same_change_too() -> None:
+    assert at_most(Write("k", 7, {"_scn": 7})) == {
+        "_id": "k",
+        "$or": [{"_scn": {"$lte": 7}}, {"_scn": {"$exists": False}}],
     }
 
 
@@ -117,13 +125,17 @@ class FakeServer:
         self.fail = fail
         self.asked: list[list[str]] = []
         self.written: list[list[Write]] = []
+        self.reapplied: list[bool] = []
 
     def learn(self, collection: Any, writes: list[Write]) -> dict[str, Stored]:
         self.asked.append([w.key for w in writes])
         return {w.key: self.holds[w.key] for w in writes if w.key in self.holds}
 
-    def write(self, collection: Any, writes: list[Write], known: Mapping[str, Stored]) -> None:
+    def write(
+        self, collection: Any, writes: list[Write], known: Mapping[str, Stored], *, reapply: bool = False
+    ) -> None:
         self.written.append(writes)
+        self.reapplied.append(reapply)
         if self.fail is not None:
             fail, self.fail = self.fail, None
             raise fail
@@ -174,3 +186,14 @@ def test_the_guard_forgets_when_its_memory_is_full() -> None:
     writer.apply([change("a", 1), change("b", 2)])
     writer.apply([change("c", 3)])
     assert writer.known == {"c": Stored(3, True)}
+
+
+def test_a_guard_told_to_reapply_writes_again_what_a_key_holds_but_never_an_older_change() -> None:
+    """seek.sinks: reapply puts right a document changed by hand since its change was applied (same SCN)."""
+    server = FakeServer(holds={"a": Stored(12, True), "b": Stored(20, True)})
+    writer = GuardedCollection(None, server=server, reapply=True)
+    writer.apply([change("a", 12, v=2), change("b", 11, v=1)])
+    assert server.written == [[Write("a", 12, {"id": "a", "v": 2, "_scn": 12})]] and server.reapplied == [True]
+    skipping = FakeServer(holds={"a": Stored(12, True)})
+    GuardedCollection(None, server=skipping).apply([change("a", 12, v=2)])
+    assert skipping.written == [[]] and skipping.reapplied == [False]

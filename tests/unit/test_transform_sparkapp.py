@@ -573,3 +573,42 @@ def test_a_transform_looks_again_when_its_run_would_count_as_untouched() -> None
     view.body["status"] = {"currentRun": {"name": app["metadata"]["name"], "submittedAt": format_time(NOW)}}
     due = runs.next_look(view, [app], NOW)
     assert due is not None and timedelta(0) < due - (NOW + runs.UNTOUCHED_AFTER) < timedelta(seconds=1)
+
+
+def test_a_seek_starts_one_run_whose_kafka_inputs_start_from_its_position() -> None:
+    """spec.seek with a new nonce starts a run (replacing one still going); its Kafka inputs start from the
+    seek's startFrom; the seek is not a spec change, and a seek already done starts nothing."""
+    seek = {"nonce": "fix-1", "startFrom": {"timestamp": "2026-11-23T09:00:00Z"}}
+    view = TransformView(transform(seek=seek))
+    digest = spec_hash(view.spec)
+    view.body["status"] = {"currentRun": {"name": "orders-report-old", "specHash": digest}}
+    running = {**app_with("RUNNING"), "metadata": {**build()["metadata"], "name": "orders-report-old"}}
+    plan = runs.plan(view, [running], NOW)
+    assert plan.start is not None and plan.start[1] == "seek" and plan.seek_nonce == "fix-1"
+    assert plan.delete == ["orders-report-old"]
+    assert spec_hash(transform()["spec"]) == digest  # adding a seek changes nothing a run is made of
+    view.body["status"]["lastSeekNonce"] = "fix-1"
+    assert runs.plan(view, [running], NOW).start is None
+
+    job = render_job(
+        view.spec,
+        name="orders-report",
+        namespace="shop",
+        run="r",
+        ref_topics={},
+        defaults=Defaults(kafka_bootstrap="k:9092"),
+        seek=seek,
+        seek_nonce="fix-1",
+    )
+    assert job["inputs"][0]["kafka"] == {"topics": ["orders"], "startFrom": seek["startFrom"]}
+
+
+def test_after_a_seek_a_streaming_query_keeps_a_checkpoint_location_of_its_own() -> None:
+    spec = transform(mode="streaming", checkpoint={"location": "/data/ckpt/orders/"})["spec"]
+    spec["output"] = {"kafka": {"topic": "out"}}
+    plain = render_job(spec, name="o", namespace="shop", run="r", ref_topics={}, defaults=Defaults("k:9092"))
+    sought = render_job(
+        spec, name="o", namespace="shop", run="r", ref_topics={}, defaults=Defaults("k:9092"), seek_nonce="fix-1"
+    )
+    assert plain["checkpoint"]["location"] == "/data/ckpt/orders/"
+    assert re.fullmatch(r"/data/ckpt/orders-seek-[0-9a-f]{8}", sought["checkpoint"]["location"])

@@ -1,5 +1,5 @@
--- Argo CD health for fibers.dev resources: Connect, ConnectCluster, Transform, DatabusConsumer, Schema
--- and SchemaRegistry. All of them report kstatus conditions (Ready, Reconciling, Stalled) and observedGeneration,
+-- Argo CD health for fibers.dev resources: Connect, ConnectCluster, Transform, DatabusConsumer, Schema,
+-- SchemaRegistry and Replay. All of them report kstatus conditions (Ready, Reconciling, Stalled) and observedGeneration,
 -- so one script serves them. Argo CD runs it in Lua 5.1 (gopher-lua) with the object in `obj`.
 
 -- Ready=True with one of these reasons means "stopped on purpose".
@@ -15,6 +15,7 @@ local FAILED = {
   RunFailed = true, SubmissionDeadlineExceeded = true, StreamEnded = true,
   CheckpointInvalid = true, ConsumerFailing = true,
   SubjectExists = true, SubjectOwned = true, Incompatible = true, InvalidSchema = true, Drifted = true,
+  ReplayFailed = true, ReplayConflict = true, NothingToReplay = true, StartBeforeRetention = true,
 }
 
 local function result(status, message)

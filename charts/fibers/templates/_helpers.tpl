@@ -83,12 +83,13 @@ exactly these permissions.
 # DatabusConsumers, and its finalizer on DatabusConsumers (it removes the one earlier versions put on
 # Transforms); the Connect sync patches its own finalizer and claim annotation and reads a Connect
 # before releasing it; the reconcilers read them (a Transform also reads the Connects named in its inputs).
+# A Replay patches spec.seek of the Transforms and DatabusConsumers it moves back (fibers.replay).
 - apiGroups: [fibers.dev]
-  resources: [connects, transforms, databusconsumers, schemas]
+  resources: [connects, transforms, databusconsumers, schemas, replays]
   verbs: [get, list, watch, patch]
 # Observed state is written through the status subresource only (fibers.kube.Kube.replace_status).
 - apiGroups: [fibers.dev]
-  resources: [connects/status, transforms/status, databusconsumers/status, schemas/status]
+  resources: [connects/status, transforms/status, databusconsumers/status, schemas/status, replays/status]
   verbs: [patch]
 # SparkApplications and consumer Deployments carry an ownerReference with blockOwnerDeletion; where
 # the OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift), that needs this.

@@ -58,7 +58,9 @@ class MongoServer(Protocol):
         """
         ...
 
-    def write(self, collection: Any, writes: list[Write], known: Mapping[str, Stored]) -> None:
+    def write(
+        self, collection: Any, writes: list[Write], known: Mapping[str, Stored], *, reapply: bool = False
+    ) -> None:
         """Send writes, each newer than what `known` holds for its key where it holds anything.
 
         A write whose key the caller knows nothing of must still never replace or delete a newer
@@ -168,7 +170,9 @@ class FerretDBOnSQLite:
         held.update((str(d["_id"]), Stored(int(d.get("_scn", -1)), True)) for d in found)
         return held
 
-    def write(self, collection: Any, writes: list[Write], known: Mapping[str, Stored]) -> None:
+    def write(
+        self, collection: Any, writes: list[Write], known: Mapping[str, Stored], *, reapply: bool = False
+    ) -> None:
         """Unguarded writes, chosen by what `known` says (it knows every key once `learn` has run)."""
         operations: list[Any] = []
         for write in writes:
@@ -211,10 +215,12 @@ class PlainMongoDB:
     def learn(self, collection: Any, writes: list[Write]) -> dict[str, Stored]:
         return {}  # nothing to read: every write carries its own guard
 
-    def write(self, collection: Any, writes: list[Write], known: Mapping[str, Stored]) -> None:
+    def write(
+        self, collection: Any, writes: list[Write], known: Mapping[str, Stored], *, reapply: bool = False
+    ) -> None:
+        guard = at_most if reapply else older_than
         operations = [
-            DeleteOne(older_than(w)) if w.document is None else ReplaceOne(older_than(w), w.document, upsert=True)
-            for w in writes
+            DeleteOne(guard(w)) if w.document is None else ReplaceOne(guard(w), w.document, upsert=True) for w in writes
         ]
         try:
             self.bulk_write(collection, operations, ordered=False)  # keys are distinct: order does not matter
@@ -233,6 +239,12 @@ class PlainMongoDB:
 def older_than(write: Write) -> dict[str, Any]:
     """The filter of the key's document while it holds an older change than this write (or no SCN at all)."""
     return {"_id": write.key, "$or": [{"_scn": {"$lt": write.scn}}, {"_scn": {"$exists": False}}]}
+
+
+def at_most(write: Write) -> dict[str, Any]:
+    """As `older_than`, but also while the key holds this very change: a replay asked to re-apply (a seek
+    with sinks: reapply) writes it again, so a document changed by hand since is put right."""
+    return {"_id": write.key, "$or": [{"_scn": {"$lte": write.scn}}, {"_scn": {"$exists": False}}]}
 
 
 FERRETDB_SQLITE = FerretDBOnSQLite()

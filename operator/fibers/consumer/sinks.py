@@ -48,10 +48,10 @@ class MongoSink(WindowSink):
 
     failpoint, failpoint_error = "mongo.write", AutoReconnect
 
-    def __init__(self, uri_env: str, database: str, collection: str) -> None:
+    def __init__(self, uri_env: str, database: str, collection: str, *, reapply: bool = False) -> None:
         super().__init__()
         self.client = _mongo(uri_env)
-        self.collection = GuardedCollection(self.client[database][collection])
+        self.collection = GuardedCollection(self.client[database][collection], reapply=reapply)
 
     def flush(self, events: list[ChangeEvent]) -> None:
         self.collection.apply(events)
@@ -193,7 +193,7 @@ def build(sink: dict[str, Any], kafka_bootstrap: str | None) -> Callback:
     """The sink named by the rendered config (see fibers.databus.config)."""
     kind = sink["type"]
     if kind == "mongodb":
-        return MongoSink(sink["uriEnv"], sink["database"], sink["collection"])
+        return MongoSink(sink["uriEnv"], sink["database"], sink["collection"], reapply=bool(sink.get("reapply")))
     if kind == "history":
         return HistorySink(sink["uriEnv"], sink["database"], sink["collection"])
     if kind == "bootstrap":

@@ -54,10 +54,14 @@ class GuardedCollection:
         extra: dict[str, Any] | None = None,
         remember: int = REMEMBERED_KEYS,
         server: MongoServer | None = None,
+        reapply: bool = False,
     ) -> None:
-        """`server` names the adapter; by default it is detected from the server on the first write."""
+        """`server` names the adapter; by default it is detected from the server on the first write.
+        `reapply`: a change the key already holds is written again (a replay told to re-apply, see
+        DatabusConsumer seek.sinks), so a document changed since by someone else is put right; an older
+        change is still never written."""
         self.collection, self.extra, self.remember = collection, extra or {}, remember
-        self._server = server
+        self._server, self.reapply = server, reapply
         self.known: dict[str, Stored] = {}
 
     @property
@@ -75,7 +79,9 @@ class GuardedCollection:
     def _superseded(self, write: Write) -> bool:
         """Already applied (a replay), or a newer change of the key is stored."""
         stored = self.known.get(write.key)
-        return stored is not None and stored.scn >= write.scn
+        if stored is None:
+            return False
+        return stored.scn > write.scn if self.reapply else stored.scn >= write.scn
 
     def apply(self, events: list[ChangeEvent]) -> None:
         latest: dict[str, ChangeEvent] = {}
@@ -87,7 +93,7 @@ class GuardedCollection:
         try:
             self.known.update(self.server.learn(self.collection, [w for w in writes if w.key not in self.known]))
             newer = [w for w in writes if not self._superseded(w)]
-            self.server.write(self.collection, newer, self.known)
+            self.server.write(self.collection, newer, self.known, reapply=self.reapply)
         except Exception:
             self.known.clear()  # what was written is unknown now: learn again on the replay
             raise

@@ -44,6 +44,7 @@ class Pass:
     cm: dict[str, Any] | None = None  # its checkpoint ConfigMap (None: none, or another's)
     conflict: str = ""  # a StatefulSet, ConfigMap or Lease of its names that is another's
     start: StartFrom | None = None  # the position of a seek under way (spec.seek.startFrom, or its older `to`)
+    reapply: bool = False  # that seek's MongoDB sinks write again what a document already holds (seek.sinks)
     health: Condition = field(default_factory=lambda: upstream.condition([], ""))  # UpstreamReady
     topics: list[str] = field(default_factory=list)
     waiting: str = ""  # what its sourceRefs still lack
@@ -155,7 +156,7 @@ class DatabusReconciler:
             p.body["status"] = dict(p.status)
             p.existing = p.cm = None
         if seek and seek["nonce"] == p.status.get("lastSeekNonce"):
-            p.start = seek_position(seek)
+            p.start, p.reapply = seek_position(seek), seek.get("sinks") == "reapply"
 
     async def _resolve_sources(self, p: Pass) -> None:
         """What sourceRefs point at, read now: their topics, and whether they are healthy."""
@@ -198,6 +199,7 @@ class DatabusReconciler:
                     producers=p.producers,
                     kafka_bootstrap=self.kafka_bootstrap,
                     seek=p.start,
+                    reapply=p.reapply,
                     registry_url=registry_url,
                     lineage=self.lineage,
                 )

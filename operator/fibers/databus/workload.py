@@ -59,6 +59,7 @@ def render_config(
     kafka_bootstrap: str | None,
     producers: dict[str, dict[str, str]] | None = None,
     seek: StartFrom | None = None,
+    reapply: bool = False,
     registry_url: str | None = None,
     lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -77,6 +78,8 @@ def render_config(
     for index, (where, sink) in enumerate(sink_specs(spec)):
         if sink.pop("uriSecretRef", None):  # MongoDB sinks, or a callback's own connection (its `uri` argument)
             sink["uriEnv"] = sink_uri_env(index)
+        if reapply and sink["type"] == "mongodb":  # a seek with sinks: reapply (fibers.consumer.store)
+            sink["reapply"] = True
         sinks.append({**sink, "field": where, "name": sink_name(sink)})
     bootstrap = spec.get("bootstrap") or {}
     policy = spec.get("callbackPolicy") or {}

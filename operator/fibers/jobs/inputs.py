@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 from typing import Any, cast
@@ -54,7 +55,8 @@ class StartBeforeRetention(Exception):
 
 def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrame:
     """Batch reads what the topics hold now (start → latest); streaming follows them from the start."""
-    if source.start_timestamp_ms is not None:
+    # A streaming query with a checkpoint resumes from it: where to start no longer applies.
+    if source.start_timestamp_ms is not None and not (spec.streaming and _has_checkpoint(spec)):
         refuse_before_retention(cast(str, spec.bootstrap_servers), source.topics, source.start_timestamp_ms)
     if spec.streaming:
         raw = spark.readStream.format("kafka").options(**_kafka_options(spec, source)).load()
@@ -201,3 +203,12 @@ def refuse_before_retention(bootstrap: str, topics: Iterable[str], timestamp_ms:
                     )
     finally:
         consumer.close()
+
+
+def _has_checkpoint(spec: JobSpec) -> bool:
+    """Whether a streaming query has made progress at its checkpoint location (Spark's `offsets` log in it);
+    a location that is not a local path counts as having one (the check is left to Spark there)."""
+    location = spec.checkpoint_location or ""
+    if "://" in location and not location.startswith("file://"):
+        return True
+    return os.path.isdir(os.path.join(location.removeprefix("file://"), "offsets"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -336,6 +337,7 @@ def _parse_input(raw: Any, where: str) -> Input:
         if "startFrom" in body:
             try:
                 start = StartFrom.parse(body["startFrom"], f"{where}.startFrom", ("earliest", "latest"))
+                start.check(int(time.time() * 1000), f"{where}.startFrom")
             except StartFromError as exc:
                 raise SpecError(str(exc)) from None
             offsets, start_ms = start.position or "earliest", start.timestamp_ms

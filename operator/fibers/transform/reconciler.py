@@ -203,6 +203,8 @@ class TransformReconciler:
             p.status["lastScheduleTime"] = format_time(plan.schedule_time)
         if plan.rerun_nonce:
             p.status["lastRerunNonce"] = plan.rerun_nonce
+        if plan.seek_nonce:
+            p.status["lastSeekNonce"] = plan.seek_nonce
 
     async def _start_run(self, p: Pass) -> None:
         if not p.plan.start:
@@ -226,6 +228,8 @@ class TransformReconciler:
                 defaults=self.defaults,
                 avro=await self._avro(namespace, view.spec, topics),
                 run_id=submission,
+                seek=view.spec.get("seek") if trigger == "seek" else None,
+                seek_nonce=p.status.get("lastSeekNonce"),
             )
         except InputsNotReady as exc:
             p.waiting = str(exc)

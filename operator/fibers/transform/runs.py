@@ -89,6 +89,7 @@ class Plan:
     delete: list[str] = field(default_factory=list)
     schedule_time: datetime | None = None  # the schedule slot a scheduled start is for
     rerun_nonce: str | None = None
+    seek_nonce: str | None = None  # spec.seek's, when this plan starts its run
     suspend_current: bool = False
     deadline_failed: str = ""  # message when the current run exceeded its submission deadline
 
@@ -133,10 +134,13 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan
         result.delete.append(current_app["metadata"]["name"])
         return _trim_history(view, apps, result)
 
-    nonce = spec.get("rerunNonce")
+    nonce, seek = spec.get("rerunNonce"), spec.get("seek") or {}
     if nonce and nonce != view.status.get("lastRerunNonce"):
         result.rerun_nonce = nonce
         result.start = (run_name(view.name, view.uid, f"rerun/{nonce}/{digest}"), "rerun")
+    elif seek.get("nonce") and seek["nonce"] != view.status.get("lastSeekNonce"):
+        result.seek_nonce = seek["nonce"]
+        result.start = (run_name(view.name, view.uid, f"seek/{seek['nonce']}/{digest}"), "seek")
     elif current.get("applicationState") == SUSPENDED:
         result.start = (run_name(view.name, view.uid, f"resume/{now.timestamp():.0f}/{digest}"), "resume")
     elif spec.get("schedule") and not view.streaming:
@@ -157,8 +161,8 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan
         # Recorded but never created (the operator stopped in between): create it now.
         result.start = (current["name"], current.get("trigger", "create"))
 
-    if result.start and (view.streaming or result.start[1] == "rerun"):
-        # One streaming query at a time; a rerun replaces a run still going.
+    if result.start and (view.streaming or result.start[1] in ("rerun", "seek")):
+        # One streaming query at a time; a rerun or a seek replaces a run still going.
         result.delete = sorted(set(result.delete) | {n for n in active if n != result.start[0]})
     return _trim_history(view, apps, result)
 
@@ -300,7 +304,8 @@ def report(
 
     `no_spark_operator` says why no SparkApplication can be run (the CRD is not served).
     """
-    status = {k: v for k, v in view.status.items() if k in ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce")}
+    kept = ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce", "lastSeekNonce")
+    status = {k: v for k, v in view.status.items() if k in kept}
     generation = int(view.body["metadata"].get("generation", 0))
     state = run.get("applicationState", "")
     if run:

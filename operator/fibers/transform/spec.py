@@ -41,11 +41,18 @@ class Defaults:
     policy: PodPolicy = podpolicy.OPEN  # what a spec may ask of its pods (images, ServiceAccounts, hostPath)
 
 
+def seek_checkpoint(location: str, nonce: str) -> str:
+    """A streaming query's checkpoint location after a seek: a fresh one per seek, so the query starts from
+    the seek's position (Spark resumes from a checkpoint and ignores where to start); the old one stays."""
+    return f"{location.rstrip('/')}-seek-{hashlib.sha256(nonce.encode()).hexdigest()[:8]}"
+
+
 def spec_hash(spec: dict[str, Any]) -> str:
     """Hash of what a run is made from; fields that only steer runs are left out."""
     steering = {
         "state",
         "rerunNonce",
+        "seek",
         "schedule",
         "concurrencyPolicy",
         "successfulRunsHistoryLimit",
@@ -71,12 +78,16 @@ def render_job(
     defaults: Defaults,
     avro: dict[str, dict[str, Any]] | None = None,
     run_id: str | None = None,
+    seek: dict[str, Any] | None = None,
+    seek_nonce: str | None = None,
 ) -> dict[str, Any]:
     """The JSON the job (fibers.jobs.transform) runs from. It never contains a secret value.
 
     `ref_topics` holds, by input name, the topics behind each connectRef and transformRef input (as the
     referenced resource reports them). `avro` holds, by input name (and "output" for the output), what
     the reconciler found for Avro inputs: the registry's URL, the subject, and the reader schema of a schemaRef.
+    `seek`: spec.seek, for the run it started (every Kafka input then starts from its startFrom);
+    `seek_nonce`: the last seek done (a streaming query's checkpoint location is then that seek's own).
     """
     avro = avro or {}
     inputs: list[dict[str, Any]] = []
@@ -97,9 +108,10 @@ def render_job(
             if ref.get("schema"):
                 view["kafka"]["schema"] = ref["schema"]
             uses_kafka = True
-        if "kafka" in view and "startFrom" in item:
+        start = (seek or {}).get("startFrom") or item.get("startFrom")
+        if "kafka" in view and start:
             view["kafka"].pop("startingOffsets", None)
-            view["kafka"]["startFrom"] = dict(item["startFrom"])
+            view["kafka"]["startFrom"] = dict(start)
         if "kafka" in view and item["name"] in avro:
             view["kafka"]["avro"] = avro[item["name"]]
         elif "files" in item:
@@ -147,6 +159,8 @@ def render_job(
         uses_kafka = True
     if spec.get("checkpoint"):
         job["checkpoint"] = dict(spec["checkpoint"])
+        if seek_nonce:
+            job["checkpoint"]["location"] = seek_checkpoint(str(spec["checkpoint"]["location"]), seek_nonce)
     if spec.get("outputMode"):
         job["outputMode"] = spec["outputMode"]
     lineage_bootstrap = defaults.lineage_bootstrap or defaults.kafka_bootstrap

@@ -1,0 +1,184 @@
+"""A Replay's plan: its steps, and at each look what to do next (pure: no I/O).
+
+A Replay moves its steps back one at a time, upstream first. Each step is told to seek by its own
+spec.seek (a DatabusConsumer's checkpoints dropped and taken again from the position; a Transform run
+again from it), with a nonce of the Replay's, so writing it twice is one seek. The next step is told
+only once this one runs from the new position, as its own status says for the generation that carries
+the seek. A step that fails ends the Replay there: the steps before it are repositioned, the ones after
+untouched (Waiting), never left half way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from fibers.conditions import find
+from fibers.startfrom import StartFrom, StartFromError
+
+KIND, PLURAL = "Replay", "replays"
+SEEKABLE = ("Transform", "DatabusConsumer")
+WAITING, SEEKING, REPOSITIONED, SKIPPED, FAILED = "Waiting", "Seeking", "Repositioned", "Skipped", "Failed"
+PENDING, RUNNING, SUCCEEDED = "Pending", "Running", "Succeeded"  # phases (and FAILED)
+FINISHED = (SUCCEEDED, FAILED)
+# A step's Ready=False with one of these reasons, for the generation that carries the seek, will not clear
+# by waiting: the step failed.
+STEP_FAILURES = {
+    "InvalidSpec",
+    "StartBeforeRetention",
+    "RelayFallOff",
+    "ConsumerFailing",
+    "CheckpointInvalid",
+    "RunFailed",
+    "SubmissionDeadlineExceeded",
+    "StreamEnded",
+    "Conflict",
+}
+
+
+class ReplaySpecError(ValueError):
+    """The Replay cannot run; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    start: StartFrom
+    sinks: str = "skip-existing"
+    pipeline: str | None = None
+    resources: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: dict[str, Any], now_ms: int) -> ReplaySpec:
+        try:
+            start = StartFrom.parse(spec.get("startFrom"), "spec.startFrom", ("earliest", "latest")).check(
+                now_ms, "spec.startFrom"
+            )
+        except StartFromError as exc:
+            raise ReplaySpecError(str(exc)) from None
+        resources = tuple((str(r["kind"]), str(r["name"])) for r in spec.get("resources") or [])
+        if not spec.get("pipeline") and not resources:
+            raise ReplaySpecError("spec: name a pipeline or the resources to replay")
+        return cls(start, str(spec.get("sinks") or "skip-existing"), spec.get("pipeline"), resources)
+
+
+@dataclass
+class Decision:
+    """What this look decided: the status to write, and the seek to write on one step (if any)."""
+
+    status: dict[str, Any]
+    seek: tuple[str, str, dict[str, Any]] | None = None  # (kind, name, spec.seek)
+    changed_steps: list[str] = field(default_factory=list)  # "Kind/name: state" for Events
+
+
+def nonce(replay_name: str, uid: str) -> str:
+    """The seek nonce this Replay writes on every step: its own, so a second write is the same seek."""
+    return f"replay-{replay_name[:40]}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}"
+
+
+def new_steps(planned: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Status entries for the planned steps ((kind, name, why skipped or "")), in order."""
+    return [
+        {"kind": kind, "name": name, "state": SKIPPED if why else WAITING, **({"message": why} if why else {})}
+        for kind, name, why in planned
+    ]
+
+
+def seek_of(kind: str, spec: ReplaySpec, seek_nonce: str) -> dict[str, Any]:
+    seek: dict[str, Any] = {"nonce": seek_nonce, "startFrom": spec.start.to_dict()}
+    if kind == "DatabusConsumer":
+        seek["sinks"] = spec.sinks
+    return seek
+
+
+def position(kind: str, body: dict[str, Any]) -> str:
+    """Where a step is, for the record: a consumer's last window SCN, a Transform's last run."""
+    status = body.get("status") or {}
+    if kind == "DatabusConsumer":
+        return f"window SCN {status['windowScn']}" if "windowScn" in status else "no checkpoint"
+    run = status.get("currentRun") or {}
+    return f"run {run['name']} ({run.get('applicationState', '-')})" if run.get("name") else "no run"
+
+
+def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple[str, str]:
+    """Where a step told to seek stands: (SEEKING | REPOSITIONED | FAILED, message)."""
+    if body is None:
+        return FAILED, "deleted while the replay ran"
+    meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+    if (spec.get("seek") or {}).get("nonce") != seek_nonce:
+        return FAILED, "its spec.seek was changed by someone else while the replay ran"
+    generation = int(meta.get("generation", 0))
+    if status.get("lastSeekNonce") != seek_nonce or int(status.get("observedGeneration", -1)) != generation:
+        return SEEKING, "waiting for the operator to take the seek"
+    ready = find(status.get("conditions"), "Ready") or {}
+    if kind == "DatabusConsumer" and spec.get("state") == "stopped":
+        return REPOSITIONED, "stopped: it starts from the new position when it runs again"
+    if kind == "Transform" and (status.get("currentRun") or {}).get("trigger") != "seek":
+        return SEEKING, "waiting for the run of the seek"
+    if ready.get("status") == "True":
+        return REPOSITIONED, f"{ready.get('reason', 'Ready')}: running from the new position"
+    if ready.get("reason") in STEP_FAILURES:
+        return FAILED, f"{ready['reason']}: {ready.get('message', '')}"
+    return SEEKING, f"{ready.get('reason', 'waiting')}: {ready.get('message', '')}".strip()
+
+
+def decide(
+    spec: ReplaySpec, status: dict[str, Any], targets: dict[str, dict[str, Any] | None], seek_nonce: str, now: str
+) -> Decision:
+    """The next move over the planned steps (`status.steps`), given each step's body as read now
+    (`targets`, by "Kind/name"; None: gone)."""
+    status = {**status, "steps": [dict(s) for s in status.get("steps") or []]}
+    decision = Decision(status)
+    if status.get("phase") in FINISHED:
+        return decision
+    status.setdefault("startedAt", now)
+    status["phase"] = RUNNING
+    for step in status["steps"]:
+        key = f"{step['kind']}/{step['name']}"
+        if step["state"] in (REPOSITIONED, SKIPPED):
+            continue
+        body = targets.get(key)
+        if step["state"] == WAITING:
+            if body is None:
+                _finish(step, FAILED, "not found", now, decision)
+            else:
+                step.update(state=SEEKING, nonce=seek_nonce, before=position(step["kind"], body), startedAt=now)
+                decision.seek = (step["kind"], step["name"], seek_of(step["kind"], spec, seek_nonce))
+                decision.changed_steps.append(f"{key}: told to seek")
+                break
+        state, message = step_state(step["kind"], body, seek_nonce)
+        if state == SEEKING:
+            step["message"] = message
+            break
+        _finish(step, state, message, now, decision)
+        if state == FAILED:
+            break
+    failed = next((s for s in status["steps"] if s["state"] == FAILED), None)
+    done = sum(s["state"] in (REPOSITIONED, SKIPPED) for s in status["steps"])
+    status["progress"] = f"{done}/{len(status['steps'])}"
+    if failed is not None:
+        status.update(phase=FAILED, finishedAt=now)
+    elif done == len(status["steps"]):
+        status.update(phase=SUCCEEDED, finishedAt=now)
+    return decision
+
+
+def _finish(step: dict[str, Any], state: str, message: str, now: str, decision: Decision) -> None:
+    step.update(state=state, message=message, finishedAt=now)
+    decision.changed_steps.append(f"{step['kind']}/{step['name']}: {state.lower()}")
+
+
+def overlapping(mine: list[dict[str, Any]], others: list[dict[str, Any]], me: dict[str, Any]) -> str:
+    """The name of an older unfinished Replay with a step of mine ("" if none): the newer one gives way."""
+    keys = {(s["kind"], s["name"]) for s in mine}
+    my_age = (me["metadata"]["creationTimestamp"], me["metadata"]["name"])
+    for other in others:
+        meta, ostatus = other["metadata"], other.get("status") or {}
+        if meta["name"] == me["metadata"]["name"] or ostatus.get("phase") in FINISHED:
+            continue
+        if (meta["creationTimestamp"], meta["name"]) > my_age:
+            continue
+        same_pipeline = bool(me["spec"].get("pipeline")) and other["spec"].get("pipeline") == me["spec"]["pipeline"]
+        if same_pipeline or keys & {(s["kind"], s["name"]) for s in ostatus.get("steps") or []}:
+            return str(meta["name"])
+    return ""

@@ -1,0 +1,121 @@
+"""A Replay's plan (fibers.replay.plan): one step at a time, upstream first, never left half way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fibers.replay import plan
+from fibers.replay.plan import FAILED, REPOSITIONED, SEEKING, SKIPPED, WAITING, ReplaySpec, ReplaySpecError
+from fibers.startfrom import StartFrom
+
+NOW_MS = 1_795_770_000_000  # 2026-11-27T09:00:00Z
+SPEC = ReplaySpec(StartFrom(timestamp_ms=NOW_MS - 3_600_000), sinks="reapply", pipeline="shop-orders")
+NONCE = "replay-fix-1234abcd"
+
+
+def target(kind: str, name: str, *, seek: str | None = None, sought: str | None = None, **ready: Any) -> dict[str, Any]:
+    """A step as the API server returns it: generation 2 carries the seek when `seek` is set."""
+    status: dict[str, Any] = {"observedGeneration": 2, "windowScn": 41}
+    if sought:
+        status["lastSeekNonce"] = sought
+    if ready:
+        status["conditions"] = [{"type": "Ready", "observedGeneration": 2, **ready}]
+    if kind == "Transform" and sought:
+        status["currentRun"] = {"name": "r-2", "trigger": "seek", "applicationState": "COMPLETED"}
+    spec = {"seek": {"nonce": seek}} if seek else {}
+    return {"metadata": {"name": name, "generation": 2}, "spec": spec, "status": status}
+
+
+def steps() -> dict[str, Any]:
+    planned = [("Connect", "cdc", "not repositioned"), ("Transform", "agg", ""), ("DatabusConsumer", "view", "")]
+    return {"steps": plan.new_steps(planned)}
+
+
+def test_the_first_step_to_move_is_told_to_seek_and_nothing_after_it() -> None:
+    decision = plan.decide(SPEC, steps(), {"Transform/agg": target("Transform", "agg")}, NONCE, "t0")
+    assert decision.seek == (
+        "Transform",
+        "agg",
+        {"nonce": NONCE, "startFrom": {"timestamp": "2026-11-27T08:00:00.000Z"}},
+    )
+    states = [s["state"] for s in decision.status["steps"]]
+    assert states == [SKIPPED, SEEKING, WAITING] and decision.status["phase"] == plan.RUNNING
+    assert decision.status["steps"][1]["before"] == "no run" and decision.status["progress"] == "1/3"
+
+
+def test_a_step_is_repositioned_once_its_status_for_the_seeks_generation_says_it_runs_from_there() -> None:
+    status = plan.decide(SPEC, steps(), {"Transform/agg": target("Transform", "agg")}, NONCE, "t0").status
+    taken = target("Transform", "agg", seek=NONCE, sought=NONCE, status="False", reason="Submitted")
+    still = plan.decide(SPEC, status, {"Transform/agg": taken}, NONCE, "t1")
+    assert still.seek is None and still.status["steps"][1]["state"] == SEEKING
+    done = target("Transform", "agg", seek=NONCE, sought=NONCE, status="True", reason="Succeeded")
+    consumer = target("DatabusConsumer", "view")
+    moved = plan.decide(SPEC, still.status, {"Transform/agg": done, "DatabusConsumer/view": consumer}, NONCE, "t2")
+    assert moved.status["steps"][1]["state"] == REPOSITIONED
+    assert moved.seek == (
+        "DatabusConsumer",
+        "view",
+        {"nonce": NONCE, "startFrom": SPEC.start.to_dict(), "sinks": "reapply"},
+    )
+    assert moved.status["steps"][2]["before"] == "window SCN 41"
+
+
+def test_a_stale_ready_of_the_generation_before_the_seek_is_not_taken_for_repositioned() -> None:
+    status = {"steps": [{"kind": "DatabusConsumer", "name": "view", "state": SEEKING, "nonce": NONCE}]}
+    stale = target("DatabusConsumer", "view", seek=NONCE, sought=NONCE, status="True", reason="Consuming")
+    stale["metadata"]["generation"] = 3  # the seek's generation, not observed yet
+    decision = plan.decide(SPEC, status, {"DatabusConsumer/view": stale}, NONCE, "t")
+    assert decision.status["steps"][0]["state"] == SEEKING
+
+
+def test_a_failing_step_ends_the_replay_there_the_steps_after_it_untouched() -> None:
+    status = {"steps": plan.new_steps([("DatabusConsumer", "store", ""), ("DatabusConsumer", "view", "")])}
+    status["steps"][0].update(state=SEEKING, nonce=NONCE)
+    failing = target(
+        "DatabusConsumer", "store", seek=NONCE, sought=NONCE, status="False", reason="StartBeforeRetention", message="m"
+    )
+    decision = plan.decide(SPEC, status, {"DatabusConsumer/store": failing}, NONCE, "t")
+    assert [s["state"] for s in decision.status["steps"]] == [FAILED, WAITING]
+    assert decision.status["phase"] == FAILED and decision.seek is None
+    assert decision.status["steps"][0]["message"] == "StartBeforeRetention: m"
+    again = plan.decide(SPEC, decision.status, {}, NONCE, "t2")  # finished: nothing more, ever
+    assert again.status == decision.status and again.seek is None
+
+
+def test_a_step_whose_seek_someone_else_replaced_or_that_went_away_fails_the_replay() -> None:
+    status = {"steps": [{"kind": "Transform", "name": "agg", "state": SEEKING, "nonce": NONCE}]}
+    other = target("Transform", "agg", seek="by-hand", sought="by-hand", status="True", reason="Succeeded")
+    assert plan.decide(SPEC, status, {"Transform/agg": other}, NONCE, "t").status["phase"] == FAILED
+    assert plan.decide(SPEC, status, {"Transform/agg": None}, NONCE, "t").status["phase"] == FAILED
+
+
+def test_every_step_repositioned_or_skipped_is_success() -> None:
+    status = {"steps": plan.new_steps([("Connect", "cdc", "why")])}
+    decision = plan.decide(SPEC, status, {}, NONCE, "t")
+    assert decision.status["phase"] == plan.SUCCEEDED and decision.status["progress"] == "1/1"
+
+
+def test_the_spec_is_checked_before_anything_moves() -> None:
+    parsed = ReplaySpec.parse({"pipeline": "p", "startFrom": {"timestamp": "2026-11-27T08:00:00Z"}}, NOW_MS)
+    assert parsed.start.timestamp_ms == NOW_MS - 3_600_000 and parsed.sinks == "skip-existing"
+    with pytest.raises(ReplaySpecError, match=r"spec\.startFrom\.timestamp .* is in the future"):
+        ReplaySpec.parse({"pipeline": "p", "startFrom": {"timestamp": "2026-11-27T10:00:00Z"}}, NOW_MS)
+    with pytest.raises(ReplaySpecError, match="name a pipeline or the resources"):
+        ReplaySpec.parse({"startFrom": {"position": "earliest"}}, NOW_MS)
+
+
+def replay(name: str, created: str, pipeline: str, phase: str | None, steps_: list[tuple[str, str]]) -> dict[str, Any]:
+    status = {"steps": [{"kind": k, "name": n} for k, n in steps_], **({"phase": phase} if phase else {})}
+    return {"metadata": {"name": name, "creationTimestamp": created}, "spec": {"pipeline": pipeline}, "status": status}
+
+
+def test_of_two_replays_on_one_pipeline_the_newer_gives_way() -> None:
+    older = replay("a", "2026-11-27T08:00:00Z", "p", plan.RUNNING, [("Transform", "agg")])
+    newer = replay("b", "2026-11-27T08:01:00Z", "p", None, [])
+    mine = [{"kind": "Transform", "name": "agg"}]
+    assert plan.overlapping(mine, [older, newer], newer) == "a"
+    assert plan.overlapping(mine, [older, newer], older) == ""
+    done = replay("a", "2026-11-27T08:00:00Z", "p", plan.SUCCEEDED, [("Transform", "agg")])
+    assert plan.overlapping(mine, [done, newer], newer) == ""
