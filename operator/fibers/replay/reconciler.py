@@ -139,7 +139,7 @@ class ReplayReconciler:
             status.update(phase=plan.FAILED, finishedAt=now)
             conds = conditions.stalled(*p.failure)
         elif status.get("phase") == plan.SUCCEEDED:
-            conds = conditions.ready("Replayed", f"every step runs from {p.spec.start.describe() if p.spec else ''}")
+            conds = conditions.ready("Replayed", f"every step runs {p.spec.start.describe() if p.spec else ''}")
         elif status.get("phase") == plan.FAILED:
             failed = next(s for s in status["steps"] if s["state"] == plan.FAILED)
             message = f"{failed['kind']}/{failed['name']}: {failed.get('message', '')}; " + _where_it_stopped(status)
