@@ -175,14 +175,15 @@ def _replay(args: argparse.Namespace) -> int:
     exit 0 when every step was repositioned, 1 when one failed (the line says which, and where it stopped)."""
     from fibers import api as names
     from fibers.kubeconfig import Kubeconfig
-    from fibers.startfrom import StartFrom, StartFromError
+    from fibers.startfrom import StartFrom, StartFromError, parse_time
 
     try:
-        start = StartFrom.parse(
-            {"position": args.from_} if args.from_ in ("earliest", "latest") else {"timestamp": args.from_}, "--from"
+        positional = args.from_ in ("earliest", "latest")
+        start = (
+            StartFrom(position=args.from_) if positional else StartFrom(timestamp_ms=parse_time(args.from_, "--from"))
         )
     except StartFromError as exc:
-        print(str(exc).replace("--from.timestamp", "--from").replace("--from.position", "--from"), file=sys.stderr)
+        print(str(exc), file=sys.stderr)
         return 2
     kube = Kubeconfig(args.context)
     namespace = args.namespace or kube.namespace

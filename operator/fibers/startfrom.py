@@ -43,10 +43,6 @@ class StartFrom:
             return cls(position=str(value["position"]))
         return cls(timestamp_ms=parse_time(value["timestamp"], f"{where}.timestamp"))
 
-    @classmethod
-    def of_position(cls, position: str) -> StartFrom:
-        return cls(position=position)
-
     def check(self, now_ms: int, where: str) -> StartFrom:
         """A time still to come has no records yet: refused, so a typo in the year is not a silent `latest`."""
         if self.timestamp_ms is not None and self.timestamp_ms > now_ms:
@@ -87,3 +83,12 @@ def before_retention(found: int, low: int) -> bool:
     """Whether the time is older than what Kafka keeps: the first record at or after it is the oldest kept,
     and records were deleted before that one (some of them may have been at or after the time)."""
     return found != NO_OFFSET and found == low and low > 0
+
+
+def retention_message(where: str, timestamp_ms: int, topic: str, partition: int, low: int) -> str:
+    """What a reader says when `before_retention` holds (the consumer's stop, the Transform run's failure)."""
+    return (
+        f"StartBeforeRetention: {where}.timestamp {format_time(timestamp_ms)} is older than what Kafka keeps of "
+        f"{topic}/{partition} (offsets from {low}): records since then may be gone. Start from a later time, "
+        "or from position earliest to take what is kept"
+    )

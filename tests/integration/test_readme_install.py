@@ -18,7 +18,6 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +25,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from fibers.api import CONNECT_FINALIZER, FINALIZER
+from fibers.conditions import is_true
 from fibers_stack import StackInfo, fetch, images
 from fibers_stack.apicurio import CCOMPAT
 from tests.helpers import wait_for
@@ -88,16 +88,12 @@ def _leave_resources(kube: ApiClient, namespace: str, suffix: str) -> dict[str, 
     def taken_over() -> bool:
         items = [custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, p, "left") for p in specs]
         return all(OURS & set(i["metadata"].get("finalizers") or []) for i in items) and all(
-            _ready(i) for i in items[:2]
+            is_true((i.get("status") or {}).get("conditions"), "Ready") for i in items[:2]
         )
 
     wait_for(taken_over, timeout=120, what="the operator to take over the Connect, Schema and DatabusConsumer")
     connect = custom.get_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects", "left")
     return {"connector": connect["status"]["connectorName"], "subject": specs["schemas"]["subject"]}
-
-
-def _ready(item: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in (item.get("status") or {}).get("conditions", []))
 
 
 def _check_released(kube: ApiClient, stack_info: StackInfo, namespace: str, left: dict[str, str]) -> None:

@@ -23,7 +23,7 @@ from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.timelines import Checkpoints, timeline_key
 from fibers.kubeapi import ApiError, Unreachable
-from fibers.startfrom import before_retention, format_time, offset_at
+from fibers.startfrom import before_retention, offset_at, retention_message
 
 log = logging.getLogger("fibers.consumer")
 Timeline = tuple[str, int]  # (topic, partition)
@@ -185,12 +185,8 @@ class Assignment:
             [TopicPartition(topic, partition, start.timestamp_ms)], timeout=KAFKA_METADATA_TIMEOUT_SECONDS
         )
         if before_retention(found.offset, low):
-            raise ConsumerStopped(
-                f"StartBeforeRetention: {self.config.start_field}.timestamp {format_time(start.timestamp_ms)} is "
-                f"older than what Kafka keeps of {topic}/{partition} (offsets from {low}): records since then may "
-                "be gone. Start from a later time, or from position earliest to take what is kept",
-                code=5,
-            )
+            message = retention_message(self.config.start_field, start.timestamp_ms, topic, partition, low)
+            raise ConsumerStopped(message, code=5)
         return offset_at(found.offset, high)
 
     def _drop(self, key: str) -> None:

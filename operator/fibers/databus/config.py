@@ -189,7 +189,7 @@ def _check_database(database: str, where: str) -> None:
 def _start_from(data: dict[str, Any]) -> StartFrom:
     """The rendered `startFrom` ({position} or {timestamp}), or the older `startPosition` word."""
     if "startFrom" not in data:
-        return StartFrom.of_position(str(data.get("startPosition", "bootstrap")))
+        return StartFrom(position=str(data.get("startPosition", "bootstrap")))
     try:
         return StartFrom.parse(data["startFrom"], str(data.get("startFromField") or "spec.startFrom"))
     except StartFromError as exc:

@@ -146,11 +146,11 @@ class DatabusReconciler:
         seek = p.spec.get("seek")
         if seek and seek["nonce"] != p.status.get("lastSeekNonce") and not p.conflict:
             try:  # checked before anything stops: a seek that cannot start leaves the consumer running
-                seek_position(seek).check(int(time.time() * 1000), "spec.seek.startFrom")
+                to = seek_position(seek).check(int(time.time() * 1000), "spec.seek.startFrom")
             except StartFromError as exc:
                 p.problem = str(exc)
                 return
-            await self._stop_and_drop_checkpoints(p.body, seek, p.context)
+            await self._stop_and_drop_checkpoints(p.body, seek["nonce"], to, p.context)
             p.status["lastSeekNonce"] = seek["nonce"]
             await self.kube.replace_status(PLURAL, p.namespace, p.name, p.status, p.body.get("status") or {})
             p.body["status"] = dict(p.status)
@@ -271,7 +271,9 @@ class DatabusReconciler:
             )
             log.info("instances updated", extra={**ctx, "replicas": manifest["spec"]["replicas"]})
 
-    async def _stop_and_drop_checkpoints(self, body: dict[str, Any], seek: dict[str, Any], ctx: dict[str, Any]) -> None:
+    async def _stop_and_drop_checkpoints(
+        self, body: dict[str, Any], nonce: str, to: StartFrom, ctx: dict[str, Any]
+    ) -> None:
         """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
@@ -282,8 +284,7 @@ class DatabusReconciler:
         ):
             await asyncio.sleep(SEEK_STOP_POLL_SECONDS)
         await self.delete_checkpoints(body)
-        to = seek_position(seek).to_dict()
-        log.warning("seek: checkpoints removed", extra={**ctx, "to": to, "nonce": seek["nonce"]})
+        log.warning("seek: checkpoints removed", extra={**ctx, "to": to.to_dict(), "nonce": nonce})
 
     async def _foreign_lease(self, namespace: str, name: str, topics: list[str]) -> str:
         """A Lease named as one of the consumer's partitions that its instances did not make: they leave it

@@ -238,4 +238,4 @@ def seek_position(seek: dict[str, Any]) -> StartFrom:
     """Where a seek starts the consumer again: spec.seek.startFrom, or its older form `to` (a position)."""
     if "startFrom" in seek:
         return StartFrom.parse(seek["startFrom"], "spec.seek.startFrom")
-    return StartFrom.of_position(str(seek["to"]))
+    return StartFrom(position=str(seek["to"]))

@@ -24,7 +24,7 @@ from fibers.jobs import avro
 from fibers.jobs.mongo import env_value
 from fibers.jobs.spec import FilesSource, JobSpec, KafkaSource, MongoSource, Source
 from fibers.mongodb import SELECTION_TIMEOUT_MS
-from fibers.startfrom import before_retention, format_time
+from fibers.startfrom import before_retention, retention_message
 
 log = logging.getLogger("fibers.jobs.inputs")
 KAFKA_TIMEOUT_SECONDS = 30.0  # a metadata or offsets lookup of the startFrom check
@@ -196,11 +196,8 @@ def refuse_before_retention(bootstrap: str, topics: Iterable[str], timestamp_ms:
             for found in consumer.offsets_for_times(wanted, timeout=KAFKA_TIMEOUT_SECONDS):
                 low, _ = consumer.get_watermark_offsets(found, timeout=KAFKA_TIMEOUT_SECONDS)
                 if before_retention(found.offset, low):
-                    raise StartBeforeRetention(
-                        f"StartBeforeRetention: startFrom.timestamp {format_time(timestamp_ms)} is older than what "
-                        f"Kafka keeps of {topic}/{found.partition} (offsets from {low}): records since then may be "
-                        "gone. Start from a later time, or from position earliest to take what is kept"
-                    )
+                    message = retention_message("startFrom", timestamp_ms, topic, found.partition, low)
+                    raise StartBeforeRetention(message)
     finally:
         consumer.close()
 
