@@ -18,6 +18,10 @@ Scenarios (each prints its figures; the last line is one JSON object with all of
                      consumer fails, hangs, slows down or dies once while it runs a CDC workload; then
                      records lost, SCNs gone back, checkpoints ahead of the sink, restarts on
                      transient faults (all 0), and the windows replayed.
+  replay-kills     — a Replay of a pipeline (a sink connector, a DatabusConsumer, a Transform) from a time,
+                     the operator SIGKILLed after each of its moves (bench/chaos_replay.py): every step
+                     moved exactly once (nothing delivered twice more, one more Spark run), the view
+                     put right from the time on, the Replay Succeeded.
   faults           — with Connect resources Ready and the consumer running under load: Kafka Connect
                      restarted, Kafka restarted, the API server restarted, Connect unreachable for 60 s
                      (its port dropped with iptables, the process left running). For each: did the
@@ -25,7 +29,7 @@ Scenarios (each prints its figures; the last line is one JSON object with all of
                      within two sync intervals), and at the end the rows the consumer lost.
 
     .venv/bin/python -m bench.chaos [--scenarios operator-kills,transform-kills,consumer-kills,consumer-faults,
-        faults,standby] [--resources 200] [--kills 100] [--transform-kills 30] [--consumer-kills 20]
+        faults,standby,replay-kills] [--resources 200] [--kills 100] [--transform-kills 30] [--consumer-kills 20]
         [--fault-records 2000] [--seed 1]
 
 The thresholds live here (THRESHOLDS); tests/integration/test_chaos.py runs a small variant of each
@@ -86,6 +90,9 @@ THRESHOLDS: dict[str, float] = {
     "checkpoint_ahead": 0,
     "transient_restarts": 0,
     "broken": 0,
+    "redelivered_extra": 0,
+    "view_wrong": 0,
+    "extra_seek_runs": 0,
 }
 
 
@@ -789,7 +796,15 @@ def verdict(figures: dict[str, Any]) -> list[str]:
     return broken
 
 
-SCENARIOS = ("operator-kills", "transform-kills", "consumer-kills", "consumer-faults", "faults", "standby")
+SCENARIOS = (
+    "operator-kills",
+    "transform-kills",
+    "consumer-kills",
+    "consumer-faults",
+    "faults",
+    "standby",
+    "replay-kills",
+)
 
 
 def main() -> int:
@@ -803,6 +818,7 @@ def main() -> int:
     parser.add_argument("--fault-resources", type=int, default=20, help="Connect resources Ready through the faults")
     parser.add_argument("--outage", type=float, default=60.0, help="seconds Kafka Connect's port is dropped")
     parser.add_argument("--fault-records", type=int, default=2000, help="changes per case of consumer-faults")
+    parser.add_argument("--replay-kills", type=int, default=6, help="at most one per move of the Replay's steps")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     session = Run("chaos")
@@ -828,6 +844,10 @@ def main() -> int:
                 figures[scenario] = standby(ctx)
             elif scenario == "faults":
                 figures[scenario] = faults(ctx, resources=args.fault_resources, outage=args.outage)
+            elif scenario == "replay-kills":
+                from bench.chaos_replay import replay_kills  # it builds on this module's Context
+
+                figures[scenario] = replay_kills(ctx, kills=args.replay_kills, transform=True)
             else:
                 raise SystemExit(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     broken = verdict(figures)

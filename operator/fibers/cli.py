@@ -191,7 +191,7 @@ def _replay(args: argparse.Namespace) -> int:
         "apiVersion": names.API_VERSION,
         "kind": "Replay",
         "metadata": {"generateName": f"{args.pipeline[:40]}-"},
-        "spec": {"pipeline": args.pipeline, "startFrom": start.to_dict(), "sinks": args.sinks},
+        "spec": {"pipeline": args.pipeline, "startFrom": start.to_dict(), "sinks": args.sinks, "sources": args.sources},
     }
     try:
         name = kube.create_object("replays", namespace, body)["metadata"]["name"]
@@ -200,7 +200,8 @@ def _replay(args: argparse.Namespace) -> int:
         while True:
             status = kube.get_object("replays", namespace, name).get("status") or {}
             for step in status.get("steps") or []:
-                line = f"  {step['kind']}/{step['name']}: {step['state']}" + (
+                records = f" ({step['records']} records)" if "records" in step else ""
+                line = f"  {step['kind']}/{step['name']}: {step['state']}{records}" + (
                     f" — {step['message']}" if step.get("message") else ""
                 )
                 if line not in said and step["state"] != "Waiting":
@@ -319,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         "--from", dest="from_", required=True, help="an RFC 3339 time (2026-11-27T09:00:00Z), earliest or latest"
     )
     replay_cmd.add_argument("--sinks", choices=["skip-existing", "reapply"], default="skip-existing")
+    replay_cmd.add_argument(
+        "--sources",
+        choices=["keep", "snapshot"],
+        default="keep",
+        help="snapshot: Debezium sources send their tables again",
+    )
     replay_cmd.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
     replay_cmd.add_argument("--context", help="the kubeconfig context (default: the current one)")
     replay_cmd.add_argument("--interval", type=float, default=2.0, help="seconds between looks")

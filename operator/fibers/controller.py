@@ -126,7 +126,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     reconciles.register(TRANSFORM_KIND, memo.transform.reconcile)
     reconciles.register(DATABUS_KIND, memo.databus.reconcile)
-    reconciles.register(REPLAY_KIND, ReplayReconciler(kube).reconcile)
+    reconciles.register(REPLAY_KIND, ReplayReconciler(kube, defaults.kafka_bootstrap, config.lineage).reconcile)
     memo.reconciles_task = asyncio.create_task(reconciles.run(), name="reconciles")
     # The children each kind creates, watched by label: a change is a reason to look at their owner.
     retry = (config.pacing.retry_min, config.pacing.retry_max)

@@ -35,6 +35,17 @@ class IngestionRunFacet:
     offsets: list[dict[str, Any]] = field(default_factory=list)  # Kafka read: {topic, partition, first, last} each
 
 
+@dataclass
+class ReplayRunFacet:
+    """A step a Replay moved: which Replay, from where, and how many records the step reads again. Sent as
+    the `fibers_replay` run facet of an OTHER event on the step's job, so a lineage history shows where
+    a dataset's records were computed twice."""
+
+    replay: str  # <namespace>/<name> of the Replay
+    startFrom: str  # the field names are the facet's (camelCase)
+    records: int | None = None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where events go and what the job is called; rendered by the operator into each job's spec."""
@@ -116,6 +127,9 @@ class Emitter:
     def fail(self, inputs: list[DatasetRef], outputs: list[DatasetRef], message: str) -> None:
         self._emit("FAIL", inputs, outputs, error=message)
 
+    def repositioned(self, inputs: list[DatasetRef], replay: ReplayRunFacet) -> None:
+        self._emit("OTHER", inputs, [], replay=replay)
+
     def _emit(
         self,
         state: str,
@@ -124,11 +138,14 @@ class Emitter:
         *,
         ingestion: IngestionRunFacet | None = None,
         error: str | None = None,
+        replay: ReplayRunFacet | None = None,
     ) -> None:
         try:
             from fibers import lineage_events
 
-            event = lineage_events.build(self.settings, state, inputs, outputs, ingestion=ingestion, error=error)
+            event = lineage_events.build(
+                self.settings, state, inputs, outputs, ingestion=ingestion, error=error, replay=replay
+            )
             lineage_events.send(self.settings, event)
         except Exception as exc:  # lineage is a report on the work, never a reason for it to fail
             log.warning("could not emit a lineage event: %s", exc, extra={"event": state})

@@ -20,11 +20,12 @@ from openlineage.client.generated.input_statistics_input_dataset import InputSta
 from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 from openlineage.client.transport.kafka import KafkaConfig, KafkaTransport
 
-from fibers.lineage import DatasetRef, IngestionRunFacet, Producer, Settings
+from fibers.lineage import DatasetRef, IngestionRunFacet, Producer, ReplayRunFacet, Settings
 
 PRODUCER = "https://github.com/fibers-dev/fibers"
 FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/IngestionRunFacet.json"
 PRODUCER_FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/ProducerDatasetFacet.json"
+REPLAY_FACET_SCHEMA = "https://fibers.dev/spec/facets/1-0-0/ReplayRunFacet.json"
 
 
 @attr.define
@@ -41,6 +42,19 @@ class _IngestionFacet(RunFacet):
     @staticmethod
     def _get_schema() -> str:
         return FACET_SCHEMA
+
+
+@attr.define
+class _ReplayFacet(RunFacet):
+    """fibers.lineage.ReplayRunFacet as an OpenLineage run facet (the same fields)."""
+
+    replay: str = attr.field(default="")
+    startFrom: str = attr.field(default="")
+    records: int | None = attr.field(default=None)
+
+    @staticmethod
+    def _get_schema() -> str:
+        return REPLAY_FACET_SCHEMA
 
 
 @attr.define
@@ -81,9 +95,12 @@ def build(
     *,
     ingestion: IngestionRunFacet | None = None,
     error: str | None = None,
+    replay: ReplayRunFacet | None = None,
 ) -> RunEvent:
-    """One run event (pure): state is START, COMPLETE or FAIL."""
+    """One run event (pure): state is START, COMPLETE, FAIL, or OTHER (a step a Replay moved)."""
     facets: dict[str, RunFacet] = {}
+    if replay is not None:
+        facets["fibers_replay"] = _ReplayFacet(**dataclasses.asdict(replay))
     if ingestion is not None:
         facets["fibers_ingestion"] = _IngestionFacet(**dataclasses.asdict(ingestion))
     if error is not None:

@@ -58,3 +58,12 @@ def test_a_standby_takes_over_when_the_active_operator_dies_and_never_acts_befor
     assert figures["active_acted_on"] >= 4  # the logs show who acted: the check below can fail
     assert figures["standby_acted_while_active_lived"] == 0
     assert (figures["duplicates"], figures["unconverged"]) == (0, 0)
+
+
+def test_operator_killed_at_each_move_of_a_replay_moves_every_step_exactly_once(ctx: chaos.Context) -> None:
+    from bench.chaos_replay import replay_kills
+
+    figures = replay_kills(ctx, kills=4, transform=False)  # the benchmark adds a Transform
+    assert figures["kills"] >= 2 and figures["replay_phase"] == "Succeeded"
+    assert (figures["redelivered_extra"], figures["view_wrong"]) == (0, 0)
+    assert figures["steps"] == {"Connect/file": ["Repositioned", 6], "DatabusConsumer/view": ["Repositioned", 6]}

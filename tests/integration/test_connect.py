@@ -22,7 +22,7 @@ import fibers_stack as stack
 from fibers.api import ANNOTATION_DELETION_POLICY, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
 from fibers_stack import StackInfo, platform_resources
-from tests.helpers import Resources, debezium_spec, read_topic, wait_for
+from tests.helpers import Resources, debezium_connect, debezium_spec, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.connect
@@ -545,6 +545,130 @@ def test_offsets_alter_with_bad_input_fails_before_the_connector_is_touched(
         timeout=30,
     )
     assert "is not one of list, reset, alter" in str(cond)
+
+
+def test_a_sink_starts_from_a_time_or_the_end_when_created_and_seeks_back_when_told(
+    connects: Resources, stack_info: StackInfo, tmp_path: Path, unique: str
+) -> None:
+    """Records on both sides of T: a sink created with startFrom T delivers the six since T, one created
+    with startFrom latest none of them; then a seek to earliest delivers all of them again."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from fibers.startfrom import format_time
+
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # held: its futures die with it
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    t = int(time.time() * 1000) - 60_000
+    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
+    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
+        producer.produce(unique, value=json.dumps({"id": i}).encode(), timestamp=stamp)
+    assert producer.flush(30) == 0
+    os.chmod(tmp_path, 0o755)
+    since, latest = tmp_path / "since.txt", tmp_path / "latest.txt"
+
+    def lines(path: Path) -> list[str]:
+        return path.read_text().splitlines() if path.exists() else []
+
+    for name, path, start in (
+        (f"{unique}-t", since, {"timestamp": format_time(t)}),
+        (f"{unique}-l", latest, {"position": "latest"}),
+    ):
+        connects.create(
+            name, {"class": "FileStreamSink", "config": {"file": str(path), "topics": unique}, "startFrom": start}
+        )
+    for name in (f"{unique}-t", f"{unique}-l"):
+        connects.wait_condition(name, "True", "Running", timeout=90)
+        cond = connects.condition(name, "Offsets")
+        assert cond["reason"] == "Repositioned", cond
+        assert "fibers.dev/offsets" not in (connects.get(name)["metadata"].get("annotations") or {})
+    wait_for(lambda: len(lines(since)) == 6, timeout=60, what="the six records since T")
+    assert lines(since) == [f"{{id={i}}}" for i in range(4, 10)]
+    producer.produce(unique, value=json.dumps({"id": 10}).encode())
+    assert producer.flush(30) == 0
+    wait_for(lambda: len(lines(latest)) == 1 and len(lines(since)) == 7, timeout=60, what="the record after")
+    assert lines(latest) == ["{id=10}"]  # nothing from before it was created
+
+    connects.patch(f"{unique}-l", {"spec": {"seek": {"nonce": "again", "startFrom": {"position": "earliest"}}}})
+    wait_for(lambda: len(lines(latest)) == 12, timeout=90, what="everything delivered again")
+    status = connects.status(f"{unique}-l")
+    assert (status["lastSeekNonce"], status["offsets"]["lastOperation"]["records"]) == ("again", 11)
+
+
+def test_a_debezium_source_told_to_seek_sends_its_table_again_as_an_incremental_snapshot(
+    kube: ApiClient, namespace: str, connects: Resources, stack_info: StackInfo, unique: str
+) -> None:
+    """A source has no position in time: its seek asks Debezium, through its Kafka signal channel, for an
+    incremental snapshot of the table, and every row comes again as it is now; the connector keeps running."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    table, prefix = f"snap_{unique.replace('-', '_')}", f"snap{unique.replace('-', '')}"
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
+        pg.execute(f"INSERT INTO {table} SELECT g, g FROM generate_series(1, 5) g")
+        pg.execute(f"CREATE TABLE {table}_signal (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data text)")
+    signals = f"{prefix}-signals"
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
+    admin.create_topics([NewTopic(signals, 1, 1)])[signals].result(30)
+    config = {
+        "table.include.list": f"public.{table},public.{table}_signal",
+        "signal.enabled.channels": "source,kafka",
+        "signal.kafka.topic": signals,
+        "signal.kafka.bootstrap.servers": stack_info.kafka_bootstrap,
+        "signal.data.collection": f"public.{table}_signal",
+    }
+    with debezium_connect(kube, namespace, stack_info, name=unique, table=table, prefix=prefix, config=config) as topic:
+        assert len(read_topic(stack_info.kafka_bootstrap, topic, 5)) == 5  # the initial snapshot
+        connects.patch(unique, {"spec": {"seek": {"nonce": "1", "startFrom": {"position": "earliest"}}}})
+        status = connects.wait_status(unique, lambda s: s.get("lastSeekNonce") == "1", what="the seek")
+        cond = find(status["conditions"], "Offsets")
+        assert cond is not None and (cond["status"], cond["reason"]) == ("True", "SnapshotRequested"), cond
+        assert f"an incremental snapshot of public.{table} was asked" in cond["message"]
+        rows = [json.loads(v) for v in read_topic(stack_info.kafka_bootstrap, topic, 10, timeout=90)]
+        again = sorted(r["after"]["id"] for r in rows[5:] if r["op"] == "r")
+        assert again == [1, 2, 3, 4, 5]
+        assert connects.status(unique)["connectorState"] == "RUNNING"
+
+
+def test_a_replay_whose_step_cannot_seek_stops_there_and_says_what_moved_and_what_did_not(
+    kube: ApiClient, connects: Resources, connect_http: httpx.Client, source_file: Path, tmp_path: Path, unique: str
+) -> None:
+    """Two sink connectors replayed in order, the second reading topics that match nothing (no position
+    can be looked up) and a source connector told to seek by hand: the Replay fails at the second step,
+    names the first as repositioned and the third as untouched, and every connector runs where it was
+    (never STOPPED, never at an unknown position)."""
+    replays = Resources(kube, "replays", connects.namespace)
+    connects.create(f"{unique}-src", source_spec(source_file, unique))
+    sinks = {
+        f"{unique}-a": {"topics": unique},
+        f"{unique}-b": {"topics.regex": f"{unique}-none-.*"},
+        f"{unique}-c": {"topics": unique},
+    }
+    for name, topics in sinks.items():
+        connects.create(name, {"class": "FileStreamSink", "config": {"file": str(tmp_path / name), **topics}})
+    for name in [f"{unique}-src", *sinks]:
+        connects.wait_condition(name, "True", "Running", timeout=90)
+    replays.create(
+        unique,
+        {"resources": [{"kind": "Connect", "name": n} for n in sinks], "startFrom": {"position": "earliest"}},
+    )
+    cond = replays.wait_condition(unique, "False", "ReplayFailed", timeout=120)
+    assert f"Connect/{unique}-b: SeekFailed: no topic matches" in cond["message"]
+    assert f"repositioned: Connect/{unique}-a; untouched: Connect/{unique}-c" in cond["message"]
+    states = [s["state"] for s in replays.status(unique)["steps"]]
+    assert states == ["Repositioned", "Failed", "Waiting"]
+    assert "seek" not in connects.get(f"{unique}-c")["spec"]
+    for name in sinks:
+        connects.wait_condition(name, "True", "Running", timeout=60)
+        assert live_state(connect_http, name) == "RUNNING"
+
+    # A source connector has no position in time: its seek is refused before it is stopped.
+    connects.patch(f"{unique}-src", {"spec": {"seek": {"nonce": "1", "startFrom": {"position": "earliest"}}}})
+    status = connects.wait_status(f"{unique}-src", lambda s: s.get("lastSeekNonce") == "1", what="seek ended")
+    cond = find(status["conditions"], "Offsets")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "SeekFailed")
+    assert "a source connector has no position in time" in cond["message"]
+    assert live_state(connect_http, f"{unique}-src") == "RUNNING"
 
 
 def test_offsets_list_never_overwrites_a_configmap_it_did_not_write(

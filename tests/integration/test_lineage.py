@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,72 @@ def test_a_connector_run_starts_when_ready_and_completes_when_deleted(
     assert [(d["namespace"], d["name"]) for d in found[1]["outputs"]] == [
         (f"kafka://{bootstrap.split(',')[0]}", unique)
     ]
+
+
+def test_a_sink_connector_replayed_from_a_time_delivers_again_from_there_and_lineage_names_the_replay(
+    kube: ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+    connect_cluster: str,
+    stack_info: StackInfo,
+    lineage_topic: str,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    """A pipeline of a source connector and a sink connector, records on both sides of T. A Replay from T
+    skips the source (no position in time; its topic keeps what it wrote) and moves the sink's consumer
+    group to the first record at or after T through Kafka Connect's offsets API: the sink delivers those
+    six again, and the Replay, the Connect's status and an OpenLineage event all count six."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from fibers.startfrom import format_time
+
+    connects, replays = Resources(kube, "connects", namespace), Resources(kube, "replays", namespace)
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    t = int(time.time() * 1000) - 60_000
+    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
+    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
+        producer.produce(unique, value=json.dumps({"id": i}).encode(), timestamp=stamp)
+    assert producer.flush(30) == 0
+    labels = {"fibers.dev/pipeline": unique}
+    os.chmod(tmp_path, 0o755)  # the Connect worker reads and writes there
+    source_file, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source_file.write_text("")
+    source = {"class": "FileStreamSource", "config": {"file": str(source_file), "topic": f"{unique}-src"}}
+    connects.create(f"{unique}-src", source, labels=labels)
+    connects.create(
+        f"{unique}-sink", {"class": "FileStreamSink", "config": {"file": str(out), "topics": unique}}, labels=labels
+    )
+
+    def lines() -> list[str]:
+        return out.read_text().splitlines() if out.exists() else []
+
+    wait_for(lambda: len(lines()) == 10, timeout=90, what="the sink's first delivery")
+    replays.create(unique, {"pipeline": unique, "startFrom": {"timestamp": format_time(t)}})
+    replays.wait_condition(unique, "True", "Replayed", timeout=120)
+    steps = {s["name"]: s for s in replays.status(unique)["steps"]}
+    assert steps[f"{unique}-src"]["state"] == "Skipped"
+    assert "a source connector has no position in time" in steps[f"{unique}-src"]["message"]
+    assert (steps[f"{unique}-sink"]["state"], steps[f"{unique}-sink"]["records"]) == ("Repositioned", 6)
+    wait_for(lambda: len(lines()) == 16, timeout=90, what="the six records since T delivered again")
+    assert lines()[10:] == lines()[4:10]  # the same records, from the first at T on
+    status = connects.status(f"{unique}-sink")
+    assert (status["offsets"]["lastOperation"]["operation"], status["offsets"]["lastOperation"]["records"]) == (
+        "seek",
+        6,
+    )
+    assert status["connectorState"] == "RUNNING" and status["lastSeekNonce"].startswith(f"replay-{unique}")
+    job = f"{namespace}.connect.{unique}-sink"
+    found = wait_for(
+        lambda: [e for e in events(stack_info.kafka_bootstrap, lineage_topic, job) if e["eventType"] == "OTHER"],
+        timeout=60,
+        what="the replay's lineage event",
+    )
+    facet = found[0]["run"]["facets"]["fibers_replay"]
+    assert (facet["replay"], facet["records"], facet["startFrom"]) == (
+        f"{namespace}/{unique}",
+        6,
+        f"from {format_time(t)}",
+    )

@@ -299,10 +299,10 @@ def test_a_pipeline_replayed_from_a_time_recomputes_and_puts_its_view_right_from
 
     done = fibers_replay(stack_info, unique, "--from", format_time(t), "-n", namespace, "--sinks", "reapply")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (
-        f"Transform/{unique}-agg: Repositioned" in done.stdout
-        and f"DatabusConsumer/{unique}-view: Repositioned" in done.stdout
-    )
+    assert (  # each counts the six records since T it reads again
+        f"Transform/{unique}-agg: Repositioned (6 records)" in done.stdout
+        and f"DatabusConsumer/{unique}-view: Repositioned (6 records)" in done.stdout
+    ), done.stdout
     assert done.stdout.index("Transform/") < done.stdout.index("DatabusConsumer/")  # the order data flows
     assert transforms.status(f"{unique}-agg")["currentRun"]["recordsOut"] == 6  # re-computed from T
 

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, find, format_time
-from fibers.connect.offsets import OffsetsInputError, OffsetsRequest, request_from
+from fibers.connect.offsets import (
+    OffsetsInputError,
+    OffsetsRequest,
+    request_for,
+    request_from,
+    sink_offsets,
+    sink_topics,
+    snapshot_signal,
+)
 from fibers.connect.offsets import parse as parse_offsets
 from fibers.connect.offsets import render as render_offsets
 from fibers.connect.reconcile import (
@@ -21,7 +30,10 @@ from fibers.connect.reconcile import (
     significant,
 )
 from fibers.connect.rest import ConnectorView, TaskView
-from fibers.connect.spec import parse
+from fibers.connect.spec import SpecError, parse
+from fibers.kafka_positions import Position
+from fibers.kafka_positions import describe as describe_positions
+from fibers.startfrom import StartFrom, parse_time
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 CLUSTER = "connect-a"
@@ -601,3 +613,105 @@ def test_significant_ignores_only_last_sync_time() -> None:
     failing = report(target, _view(target, tasks=(_failed_task(),)), Outcome(), NOW + timedelta(minutes=2))
     assert significant(failing) != significant(first)
     assert significant({**first, "phase": "Failed"}) != significant(first)
+
+
+SEEK = {"nonce": "n1", "startFrom": {"timestamp": "2025-03-01T09:00:00Z"}}
+
+
+def test_a_seek_in_the_spec_is_asked_once_per_nonce_and_an_annotation_goes_first() -> None:
+    target = _target(seek=SEEK)
+    assert target.spec is not None and target.spec.seek is not None
+    request = request_for({}, "orders", target.spec, None)
+    assert request is not None and (request.operation, request.nonce, request.needs_stop) == ("seek", "n1", True)
+    assert request.start == StartFrom(timestamp_ms=parse_time("2025-03-01T09:00:00Z", "t"))
+    assert request_for({}, "orders", target.spec, "n1") is None  # done: the status says so
+    by_hand = request_for({"fibers.dev/offsets": "list"}, "orders", target.spec, None)
+    assert by_hand is not None and by_hand.operation == "list"  # the seek waits for it
+    with pytest.raises(SpecError, match="position must be one of earliest, latest"):
+        _target(seek={"nonce": "n2", "startFrom": {"position": "bootstrap"}})
+
+
+def test_a_seek_stops_the_connector_moves_it_and_records_its_nonce_whatever_the_result() -> None:
+    target = _target(seek=SEEK)
+    target.offsets_request = request_for({}, "orders", target.spec, None)
+    assert decide(target, _view(target), NOW) == [Step.STOP_FOR_OFFSETS]
+    assert decide(target, _view(target, state="STOPPED", tasks=()), NOW) == [Step.SEEK_OFFSETS]
+    for result, status, reason in (("Succeeded", "True", "Repositioned"), ("Failed", "False", "SeekFailed")):
+        last = {"operation": "seek", "result": result, "message": "m", "time": format_time(NOW), "records": 6}
+        written = report(target, _view(target), Outcome(offsets={"lastOperation": last}, seek_nonce="n1"), NOW)
+        assert written["lastSeekNonce"] == "n1"
+        assert (_cond(written, "Offsets")["status"], _cond(written, "Offsets")["reason"]) == (status, reason)
+        target.status = written
+        assert report(target, _view(target), Outcome(), NOW)["lastSeekNonce"] == "n1"  # kept
+
+
+def test_a_sink_connector_is_moved_by_kafka_connects_offsets_api_form_and_a_source_has_no_topics() -> None:
+    assert sink_topics({"topics": "orders, items", "x": "1"}) == (["orders", "items"], "")
+    assert sink_topics({"topics.regex": "shop\\..*"}) == ([], "shop\\..*")
+    assert sink_topics({"database.hostname": "db", "topic.prefix": "shop"}) is None  # a source
+    positions = [Position("orders", 0, 5, 9), Position("orders", 1, 7, 7)]
+    assert sink_offsets(positions) == {
+        "offsets": [
+            {"partition": {"kafka_topic": "orders", "kafka_partition": 0}, "offset": {"kafka_offset": 5}},
+            {"partition": {"kafka_topic": "orders", "kafka_partition": 1}, "offset": {"kafka_offset": 7}},
+        ]
+    }
+    assert describe_positions(positions) == "2 partition(s) of orders: 4 record(s) to replay"
+
+
+def test_a_sink_created_with_a_start_from_is_created_stopped_and_moved_first_and_a_source_cannot_have_one() -> None:
+    target = _target(startFrom={"position": "latest"})
+    assert target.spec is not None and target.spec.created_at_offsets == "startFrom"
+    sink = {"class": "io.example.OrdersSink", "config": {"topics": "orders"}}
+    assert parse({**sink, "offsets": {"onCreate": "reset"}}, "orders").created_at_offsets == "reset"
+    assert parse(sink, "orders").created_at_offsets is None
+    # The annotation written with the claim (or by a person) asks for a move to spec.startFrom.
+    request = request_for({"fibers.dev/offsets": "startFrom"}, "orders", target.spec, None)
+    assert request == OffsetsRequest("seek", start=StartFrom(position="latest"))
+    with pytest.raises(OffsetsInputError, match=r"needs spec\.startFrom"):
+        request_for({"fibers.dev/offsets": "startFrom"}, "orders", _target().spec, None)
+    with pytest.raises(SpecError, match="only a sink connector"):
+        parse(
+            {
+                "class": "FileStreamSource",
+                "config": {"file": "/f", "topic": "t"},
+                "startFrom": {"position": "earliest"},
+            },
+            "src",
+        )
+
+
+DEBEZIUM_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
+CAPTURE = {"topic.prefix": "shop", "table.include.list": "public.orders, public.items,public.debezium_signal"}
+SIGNALS = {
+    "signal.enabled.channels": "source,kafka",
+    "signal.kafka.topic": "shop-signals",
+    "signal.kafka.bootstrap.servers": "kafka:9092",
+    "signal.data.collection": "public.debezium_signal",
+}
+
+
+def test_a_source_connectors_seek_is_an_incremental_snapshot_asked_on_its_signal_topic_without_a_stop() -> None:
+    spec = parse({"class": DEBEZIUM_CLASS, "config": {**CAPTURE, **SIGNALS}, "seek": SEEK}, "cdc")
+    request = request_for({}, "cdc", spec, None)
+    assert request is not None and (request.operation, request.needs_stop) == ("snapshot", False)
+    target = _target()
+    target.offsets_request = request
+    assert decide(target, _view(target), NOW) == [Step.SNAPSHOT]  # it keeps running
+    signal = snapshot_signal(spec.config)
+    assert (signal.topic, signal.key, signal.bootstrap) == ("shop-signals", "shop", "kafka:9092")
+    assert json.loads(signal.value) == {
+        "type": "execute-snapshot",
+        "data": {"data-collections": ["public.orders", "public.items"], "type": "INCREMENTAL"},
+    }
+    last = {"operation": "snapshot", "result": "Failed", "message": "m", "time": format_time(NOW)}
+    failed = report(target, _view(target), Outcome(offsets={"lastOperation": last}, seek_nonce="n1"), NOW)
+    assert _cond(failed, "Offsets")["reason"] == "SeekFailed"
+
+
+def test_a_source_without_debeziums_kafka_signal_channel_says_what_its_config_lacks() -> None:
+    with pytest.raises(OffsetsInputError) as refused:
+        snapshot_signal({**CAPTURE, "signal.kafka.topic": "s"})
+    message = str(refused.value)
+    assert "a source connector has no position in time" in message
+    assert "signal.enabled.channels with kafka, signal.kafka.bootstrap.servers, signal.data.collection" in message

@@ -49,6 +49,15 @@ def test_a_complete_event_carries_row_counts_and_the_ingestion_facet() -> None:
     assert ingestion["_schemaURL"] == lineage_events.FACET_SCHEMA
 
 
+def test_a_step_a_replay_moved_is_an_other_event_whose_facet_names_the_replay() -> None:
+    facet = lineage.ReplayRunFacet("shop/fix-0900", "from 2026-11-27T09:00:00.000Z", 1234)
+    body = json.loads(Serde.to_json(lineage_events.build(SETTINGS, "OTHER", [], [], replay=facet)))
+    assert body["eventType"] == "OTHER"
+    replay = body["run"]["facets"]["fibers_replay"]
+    assert (replay["replay"], replay["startFrom"], replay["records"]) == ("shop/fix-0900", facet.startFrom, 1234)
+    assert replay["_schemaURL"] == lineage_events.REPLAY_FACET_SCHEMA
+
+
 def test_settings_round_trip_through_the_rendered_spec() -> None:
     assert lineage.Settings.from_dict(SETTINGS.to_dict()) == SETTINGS
 

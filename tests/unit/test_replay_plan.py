@@ -119,3 +119,28 @@ def test_of_two_replays_on_one_pipeline_the_newer_gives_way() -> None:
     assert plan.overlapping(mine, [older, newer], older) == ""
     done = replay("a", "2026-11-27T08:00:00Z", "p", plan.SUCCEEDED, [("Transform", "agg")])
     assert plan.overlapping(mine, [done, newer], newer) == ""
+
+
+def connect(*, offsets_reason: str, ready: str, records: int | None = 6) -> dict[str, Any]:
+    """A sink Connect whose own seek (the Replay's nonce) ended: Offsets says how, Ready how it runs now."""
+    body = target("Connect", "sink", seek=NONCE, sought=NONCE, status=ready, reason="Running")
+    last = {"operation": "seek", "result": "Succeeded", **({"records": records} if records is not None else {})}
+    body["status"]["offsets"] = {"lastOperation": last}
+    body["status"]["conditions"].append({"type": "Offsets", "reason": offsets_reason, "message": "moved: 6 record(s)"})
+    return body
+
+
+def test_a_sink_connect_is_repositioned_once_its_seek_moved_it_and_it_runs_again_with_its_count() -> None:
+    status = {"steps": [{"kind": "Connect", "name": "sink", "state": SEEKING, "nonce": NONCE}]}
+    moving = plan.decide(
+        SPEC, status, {"Connect/sink": connect(offsets_reason="Repositioned", ready="False")}, NONCE, "t"
+    )
+    assert moving.status["steps"][0]["state"] == SEEKING  # moved, still STOPPED: not running from there yet
+    done = plan.decide(SPEC, status, {"Connect/sink": connect(offsets_reason="Repositioned", ready="True")}, NONCE, "t")
+    assert (done.status["steps"][0]["state"], done.status["steps"][0]["records"]) == (REPOSITIONED, 6)
+    assert done.repositioned == [("Connect", "sink")] and done.status["phase"] == plan.SUCCEEDED
+    refused = plan.decide(
+        SPEC, status, {"Connect/sink": connect(offsets_reason="SeekFailed", ready="True")}, NONCE, "t"
+    )
+    assert refused.status["steps"][0]["state"] == FAILED and refused.repositioned == []
+    assert plan.seek_of("Connect", SPEC, NONCE) == {"nonce": NONCE, "startFrom": SPEC.start.to_dict()}  # no sinks

@@ -32,6 +32,7 @@ class ClusterSpec:
     namespace_selector: dict[str, Any] | None = None  # None or {}: every namespace
     auth: HttpAuth = field(default_factory=HttpAuth)
     generation: int = 0
+    kafka_bootstrap: str = ""  # where its connectors' topics are, to reposition sink connectors by time
 
 
 def parse_cluster(name: str, spec: dict[str, Any], generation: int = 0) -> ClusterSpec:
@@ -43,6 +44,7 @@ def parse_cluster(name: str, spec: dict[str, Any], generation: int = 0) -> Clust
         namespace_selector=spec.get("namespaceSelector") or None,
         auth=parse_http_auth(spec),
         generation=generation,
+        kafka_bootstrap=str(spec.get("kafkaBootstrapServers") or ""),
     )
 
 

@@ -101,14 +101,14 @@ class Intake:
             first_seen=previous.first_seen if previous else time.monotonic(),
         )
         try:
-            target.offsets_request = offsets.request_from(annotations, name)
-        except offsets.OffsetsInputError as exc:
-            target.offsets_problem = str(exc)
-        try:
             target.spec = parse(dict(body.get("spec") or {}), name)
         except SpecError as exc:
             target.problem = Condition(READY, False, "InvalidSpec", str(exc))
-        else:
+        try:
+            target.offsets_request = offsets.request_for(annotations, name, target.spec, status.get("lastSeekNonce"))
+        except offsets.OffsetsInputError as exc:
+            target.offsets_problem = str(exc)
+        if target.spec:
             await self.place(target)
             if target.placed:
                 await self.resolve_secrets(target)

@@ -8,6 +8,20 @@ A user asks with the annotation `fibers.dev/offsets` on a Connect resource:
 - `alter`: the offsets in a ConfigMap (`fibers.dev/offsets-from`, by default the list ConfigMap, in
   the form `list` writes) are applied.
 
+A sink connector this resource creates with `spec.startFrom` is created STOPPED, moved there, and only
+then started: the operator writes `fibers.dev/offsets: startFrom` with its claim (as `onCreate: reset`
+writes `reset`), so a restart half-way carries on. A person may write it too, to move a connector back to
+its `spec.startFrom`.
+
+And with `spec.seek` (a nonce and a `startFrom`, the words every kind uses; a Replay writes it): a sink
+connector's consumer group is moved to the first offsets at or after the time in each partition of its
+topics (Kafka's offsets for times), or to the earliest or latest kept, once per nonce
+(`status.lastSeekNonce`). A source connector has no position in time to move to (its offsets are the
+source's own, a log position or a snapshot's): a seek asks a Debezium connector instead for an ad hoc,
+incremental snapshot of its tables, through its Kafka signal channel (Debezium re-sends every row as it is
+now; the connector keeps running). Without that channel configured the seek is refused, saying what to
+configure, and nothing is changed.
+
 Kafka Connect changes offsets of a STOPPED connector only: the connector is stopped, changed, and
 returned to its desired state. The annotation stays until the operation has ended, so an operator
 restart half-way carries on; it is then removed and the result lands in status. A Connect with
@@ -22,8 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fibers.api import ANNOTATION_OFFSETS, ANNOTATION_OFFSETS_FROM
+from fibers.connect.spec import ConnectSpec
+from fibers.kafka_positions import Position
+from fibers.startfrom import StartFrom
 
-OPERATIONS = ("list", "reset", "alter")
+OPERATIONS = ("list", "reset", "alter", "startFrom")
 CONFIGMAP_KEY = "offsets.json"
 
 
@@ -33,19 +50,23 @@ class OffsetsInputError(ValueError):
 
 @dataclass(frozen=True)
 class OffsetsRequest:
-    operation: str  # list | reset | alter
+    operation: str  # list | reset | alter | seek | snapshot (a seek of a source connector)
     configmap: str = ""  # alter: where the offsets come from
+    start: StartFrom | None = None  # seek: where to
+    nonce: str = ""  # seek: spec.seek.nonce
 
     @property
     def needs_stop(self) -> bool:
-        return self.operation in ("reset", "alter")
+        return self.operation in ("reset", "alter", "seek")
 
 
 def configmap_name(resource: str) -> str:
     return f"{resource}-offsets"
 
 
-def request_from(annotations: dict[str, str], resource: str) -> OffsetsRequest | None:
+def request_from(
+    annotations: dict[str, str], resource: str, start_from: StartFrom | None = None
+) -> OffsetsRequest | None:
     """The operation the annotations ask for; an unknown one raises, naming the annotation."""
     value = (annotations.get(ANNOTATION_OFFSETS) or "").strip()
     if not value:
@@ -54,8 +75,90 @@ def request_from(annotations: dict[str, str], resource: str) -> OffsetsRequest |
         raise OffsetsInputError(
             f"annotation {ANNOTATION_OFFSETS}={value!r} is not one of {', '.join(OPERATIONS)}; nothing was done"
         )
+    if value == "startFrom":
+        if start_from is None:
+            raise OffsetsInputError(f"annotation {ANNOTATION_OFFSETS}=startFrom needs spec.startFrom; nothing was done")
+        return OffsetsRequest("seek", start=start_from)
     source = annotations.get(ANNOTATION_OFFSETS_FROM) or configmap_name(resource)
     return OffsetsRequest(value, source if value == "alter" else "")
+
+
+def request_for(
+    annotations: dict[str, str], resource: str, spec: ConnectSpec | None, last_seek_nonce: str | None
+) -> OffsetsRequest | None:
+    """What to do with the offsets now: an annotation's operation first (ours at creation, or a person's),
+    else a seek the spec asks for and the status does not say was done. A bad annotation raises, naming it."""
+    request = request_from(annotations, resource, spec.start_from if spec else None)
+    seek = spec.seek if spec else None
+    if request is None and spec is not None and seek is not None and seek.nonce != last_seek_nonce:
+        operation = "seek" if sink_topics(spec.config) is not None else "snapshot"
+        return OffsetsRequest(operation, start=seek.start, nonce=seek.nonce)
+    return request
+
+
+@dataclass(frozen=True)
+class SnapshotSignal:
+    """Debezium's `execute-snapshot` signal for its Kafka channel: the record, and where it goes."""
+
+    bootstrap: str
+    topic: str
+    key: str  # the connector's topic.prefix: Debezium acts on signals keyed with its own
+    value: str
+    tables: tuple[str, ...]
+
+
+def snapshot_signal(config: dict[str, str]) -> SnapshotSignal:
+    """The signal asking a Debezium source connector for an incremental snapshot of every table it captures;
+    OffsetsInputError names what its config lacks for that."""
+    channels = {c.strip() for c in (config.get("signal.enabled.channels") or "source").split(",")}
+    topic, bootstrap = config.get("signal.kafka.topic", ""), config.get("signal.kafka.bootstrap.servers", "")
+    signals = config.get("signal.data.collection", "")  # captured too, so Debezium sees its watermarks: not data
+    tables = tuple(
+        t.strip() for t in (config.get("table.include.list") or "").split(",") if t.strip() not in ("", signals)
+    )
+    missing = [
+        name
+        for name, ok in (
+            ("signal.enabled.channels with kafka", "kafka" in channels),
+            ("signal.kafka.topic", bool(topic)),
+            ("signal.kafka.bootstrap.servers", bool(bootstrap)),
+            (
+                "signal.data.collection (the table Debezium keeps its snapshot watermarks in)",
+                "signal.data.collection" in config,
+            ),
+            ("table.include.list", bool(tables)),
+            ("topic.prefix", "topic.prefix" in config),
+        )
+        if not ok
+    ]
+    if missing:
+        raise OffsetsInputError(
+            "spec.seek: a source connector has no position in time to move to (its offsets are the source's own); "
+            "it can be asked to send its tables again (an incremental snapshot) through Debezium's Kafka signal "
+            f"channel, which needs in its config: {', '.join(missing)}. Nothing was changed"
+        )
+    value = {"type": "execute-snapshot", "data": {"data-collections": list(tables), "type": "INCREMENTAL"}}
+    return SnapshotSignal(bootstrap, topic, config["topic.prefix"], json.dumps(value), tables)
+
+
+def sink_topics(config: dict[str, str]) -> tuple[list[str], str] | None:
+    """A sink connector's topics and topics regex from its config; None for a source connector (it has neither)."""
+    topics = [t.strip() for t in (config.get("topics") or "").split(",") if t.strip()]
+    regex = (config.get("topics.regex") or "").strip()
+    return (topics, regex) if topics or regex else None
+
+
+def sink_offsets(positions: list[Position]) -> dict[str, Any]:
+    """Positions as Kafka Connect's offsets API takes them for a sink connector's consumer group."""
+    return {
+        "offsets": [
+            {
+                "partition": {"kafka_topic": p.topic, "kafka_partition": p.partition},
+                "offset": {"kafka_offset": p.offset},
+            }
+            for p in positions
+        ]
+    }
 
 
 def render(offsets: dict[str, Any]) -> str:

@@ -38,10 +38,14 @@ class Step(enum.Enum):
     LIST_OFFSETS = "list-offsets"
     RESET_OFFSETS = "reset-offsets"
     ALTER_OFFSETS = "alter-offsets"
+    SEEK_OFFSETS = "seek-offsets"
+    SNAPSHOT = "snapshot"  # a source connector's seek: Debezium's signal for an incremental snapshot
 
 
-OFFSET_CHANGES = {"reset": Step.RESET_OFFSETS, "alter": Step.ALTER_OFFSETS}
-OFFSET_STEPS = frozenset({Step.STOP_FOR_OFFSETS, Step.LIST_OFFSETS, *OFFSET_CHANGES.values()})
+OFFSET_CHANGES = {"reset": Step.RESET_OFFSETS, "alter": Step.ALTER_OFFSETS, "seek": Step.SEEK_OFFSETS}
+# Operations on a running connector: it is not stopped for them.
+OFFSET_READS = {"list": Step.LIST_OFFSETS, "snapshot": Step.SNAPSHOT}
+OFFSET_STEPS = frozenset({Step.STOP_FOR_OFFSETS, *OFFSET_READS.values(), *OFFSET_CHANGES.values()})
 
 
 Key = tuple[str, str]  # a Connect resource: (namespace, name)
@@ -141,6 +145,7 @@ class Outcome:
     reason: str = "ConnectError"  # the Ready reason for a failed step that may succeed when retried
     topics: list[str] | None = None
     offsets: dict[str, Any] | None = None  # status.offsets after an offsets operation ended
+    seek_nonce: str = ""  # the spec.seek.nonce a seek that ended acted on (whether it succeeded or not)
 
 
 def failed_tasks(view: ConnectorView) -> list[TaskView]:
@@ -189,7 +194,7 @@ def decide(target: Target, observed: ConnectorView | None, now: datetime) -> lis
         steps.append(OFFSET_CHANGES[request.operation] if observed.state == "STOPPED" else Step.STOP_FOR_OFFSETS)
         return steps
     if request:
-        steps.append(Step.LIST_OFFSETS)
+        steps.append(OFFSET_READS[request.operation])
     desired = spec.connect_state
     # UNASSIGNED and RESTARTING pass by themselves; a FAILED connector is restarted, not resumed.
     settling = observed.state in ("UNASSIGNED", "RESTARTING") or (observed.state == "FAILED" and desired == "RUNNING")
@@ -371,8 +376,16 @@ def _offsets_condition(offsets: dict[str, Any] | None, problem: str) -> list[Con
     if not last:
         return []
     operation, ok = last.get("operation", ""), last.get("result") == "Succeeded"
-    done = {"list": "Listed", "reset": "Reset", "alter": "Altered"}.get(operation, "Done")
-    reason = done if ok else f"{operation.capitalize()}Failed"
+    done = {
+        "list": "Listed",
+        "reset": "Reset",
+        "alter": "Altered",
+        "seek": "Repositioned",
+        "snapshot": "SnapshotRequested",
+    }
+    reason = done.get(operation, "Done")
+    if not ok:  # a source's seek fails as a seek: a seek is what the user asked for
+        reason = "SeekFailed" if operation == "snapshot" else f"{operation.capitalize()}Failed"
     return [Condition(OFFSETS, ok, reason, last.get("message", ""))]
 
 
@@ -398,6 +411,8 @@ def report(target: Target, observed: ConnectorView | None, outcome: Outcome, now
         status["lastRestartNonce"] = spec.restart_nonce
     elif target.status.get("lastRestartNonce"):
         status["lastRestartNonce"] = target.status["lastRestartNonce"]
+    if seek_nonce := outcome.seek_nonce or target.status.get("lastSeekNonce"):
+        status["lastSeekNonce"] = seek_nonce
     if observed is not None and target.owned:
         running = sum(t.state == "RUNNING" for t in observed.tasks)
         status.update(

@@ -132,6 +132,11 @@ class ConnectClusters:
             return False
         return not name or await self.kube.get_cluster_object(PLURAL, name) is None
 
+    def kafka_bootstrap(self, name: str) -> str:
+        """The Kafka the cluster's connectors use, as its spec names it ("" when it does not)."""
+        known = self.known.get(name)
+        return known.spec.kafka_bootstrap if known else ""
+
     def plugins(self, name: str) -> list[dict[str, str]]:
         """The cluster's connector plugins as last probed ([] when not known yet)."""
         known = self.known.get(name)

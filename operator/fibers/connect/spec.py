@@ -7,6 +7,7 @@ from typing import Any
 
 from fibers.api import CONNECT_PLURAL
 from fibers.connect.ownership import OWNER_KEY
+from fibers.startfrom import StartFrom, StartFromError
 
 PLURAL = CONNECT_PLURAL
 KIND = "Connect"
@@ -42,6 +43,14 @@ class AutoRestartPolicy:
 
 
 @dataclass(frozen=True)
+class Seek:
+    """`spec.seek`: move a sink connector's consumer group to `start` once per nonce (see fibers.connect.offsets)."""
+
+    nonce: str
+    start: StartFrom
+
+
+@dataclass(frozen=True)
 class ConnectSpec:
     cluster: str | None  # a ConnectCluster's name; None: the default (see fibers.connect.clusters.place)
     connector: str
@@ -55,6 +64,17 @@ class ConnectSpec:
     # resume: a connector this resource creates takes the offsets Connect kept under its name (Connect's
     # way); reset: it starts from none (see fibers.connect.offsets).
     offsets_on_create: str = "resume"
+    # A sink connector this resource creates: where its consumer group starts (it is created STOPPED and
+    # moved there first, see fibers.connect.offsets). None: Kafka Connect's way (its auto.offset.reset).
+    start_from: StartFrom | None = None
+    seek: Seek | None = None
+
+    @property
+    def created_at_offsets(self) -> str | None:
+        """The offsets operation a connector this resource creates goes through, STOPPED, before it runs."""
+        if self.start_from is not None:
+            return "startFrom"
+        return "reset" if self.offsets_on_create == "reset" else None
 
     @property
     def connect_state(self) -> str:
@@ -97,6 +117,20 @@ def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
         if OWNER_KEY in keys:
             raise SpecError(f"spec.{field_name}.{OWNER_KEY}: the operator writes this key itself (a connector's owner)")
     restart = spec.get("autoRestart") or {}
+    seek = start_from = None
+    try:
+        if spec.get("seek"):
+            start = StartFrom.parse(spec["seek"].get("startFrom"), "spec.seek.startFrom", ("earliest", "latest"))
+            seek = Seek(str(spec["seek"]["nonce"]), start)
+        if spec.get("startFrom"):
+            start_from = StartFrom.parse(spec["startFrom"], "spec.startFrom", ("earliest", "latest"))
+    except StartFromError as exc:
+        raise SpecError(str(exc)) from None
+    if start_from and not ({"topics", "topics.regex"} & config.keys()):
+        raise SpecError(
+            "spec.startFrom: only a sink connector (config topics or topics.regex) starts from a position in its "
+            "topics; a source connector's offsets are the source's own"
+        )
     return ConnectSpec(
         cluster=spec.get("cluster") or None,
         connector=spec.get("connectorName") or name,
@@ -114,4 +148,6 @@ def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
             reset_after_seconds=int(restart.get("resetAfterSeconds", 600)),
         ),
         offsets_on_create=(spec.get("offsets") or {}).get("onCreate", "resume"),
+        start_from=start_from,
+        seek=seek,
     )

@@ -52,10 +52,11 @@ class Steps:
         publisher: Publisher,
         policy: ConnectPolicy,
         acted_on: Callable[[Target], None],
+        kafka_bootstrap: str | None = None,
     ) -> None:
         self.kube, self.clusters, self.publisher, self.policy = kube, clusters, publisher, policy
         self._acted_on = acted_on  # our patch of a resource: no new look at its spec (`Intake.acted_on`)
-        self.offsets = OffsetSteps(kube, publisher)
+        self.offsets = OffsetSteps(kube, publisher, clusters, kafka_bootstrap or "")
 
     async def reconcile(
         self, client: ConnectClient, target: Target, listing: dict[str, ConnectorView], refresh_budget: list[int]
@@ -107,7 +108,7 @@ class Steps:
         status = reconcile.report(target, observed, outcome, now)
         metrics.connector_state(target.namespace, target.name, status.get("connectorState"), status.get("runningTasks"))
         await self.publisher.publish(target, status)
-        if outcome.offsets is not None:
+        if outcome.offsets is not None and not outcome.seek_nonce:  # a seek is the spec's: no annotation to drop
             await self.kube.remove_annotation(
                 PLURAL, target.namespace, target.name, ANNOTATION_OFFSETS, ANNOTATION_OFFSETS_FROM
             )
@@ -222,10 +223,11 @@ class Steps:
 
     def _note_offsets_request(self, target: Target) -> None:
         annotations = target.meta.get("annotations") or {}
-        target.offsets_request = offsets.request_from(annotations, target.name)
+        last_seek = target.status.get("lastSeekNonce")
+        target.offsets_request = offsets.request_for(annotations, target.name, target.spec, last_seek)
         self._acted_on(target)  # our own patch needs no new look at the spec
 
-    async def _claim(self, target: Target, *, reset_offsets: bool = False) -> None:
+    async def _claim(self, target: Target, *, offsets_operation: str | None = None) -> None:
         """Write-ahead: claim the connector name, with our finalizer, before creating the connector.
 
         One patch carries both, so a crash between it and the create leaves a claim we recognise
@@ -234,8 +236,8 @@ class Steps:
         """
         assert target.spec is not None
         claim = {ANNOTATION_OWNED_CONNECTOR: target.spec.connector, ANNOTATION_CONNECT_CLUSTER: target.cluster}
-        if reset_offsets:
-            claim[ANNOTATION_OFFSETS] = "reset"
+        if offsets_operation:
+            claim[ANNOTATION_OFFSETS] = offsets_operation
         ops = additions(target.meta, CONNECT_FINALIZER, claim)
         try:
             patched = await self.kube.patch_object(PLURAL, target.namespace, target.name, ops)
@@ -249,7 +251,7 @@ class Steps:
             "finalizers": [*target.finalizers, CONNECT_FINALIZER],
             "annotations": {**(target.meta.get("annotations") or {}), **claim},
         }
-        if reset_offsets:
+        if offsets_operation:
             self._note_offsets_request(target)
 
     async def _taken(self, client: ConnectClient, target: Target) -> None:
@@ -269,7 +271,7 @@ class Steps:
             log.info("connector already exists with this spec's config: taken as ours", extra=ctx)
             return
         ours = [ANNOTATION_OWNED_CONNECTOR, ANNOTATION_CONNECT_CLUSTER]
-        if target.spec.offsets_on_create == "reset":
+        if target.spec.created_at_offsets:
             ours.append(ANNOTATION_OFFSETS)  # written with the claim
         await self.kube.remove_annotation(PLURAL, target.namespace, target.name, *ours)
         if CONNECT_FINALIZER in target.finalizers:
@@ -290,14 +292,14 @@ class Steps:
         if step in (Step.CREATE, Step.UPDATE_CONFIG):
             self._check_class(target)
         if step is Step.CREATE:
-            reset = spec.offsets_on_create == "reset"
+            first = spec.created_at_offsets
             if not target.claimed:  # a claimed one without our finalizer was claimed again in `_reconcile`
-                await self._claim(target, reset_offsets=reset)
-            elif reset:
-                await self._write_ahead(target, {ANNOTATION_OFFSETS: "reset"})
-            # With onCreate: reset the connector is created STOPPED and its offsets reset before it runs:
-            # the `reset` annotation written ahead carries that through an operator restart.
-            state = "STOPPED" if reset else spec.connect_state
+                await self._claim(target, offsets_operation=first)
+            elif first:
+                await self._write_ahead(target, {ANNOTATION_OFFSETS: first})
+            # With onCreate: reset or a startFrom the connector is created STOPPED and its offsets reset or
+            # moved before it runs: the annotation written ahead carries that through an operator restart.
+            state = "STOPPED" if first else spec.connect_state
             try:
                 await self._checked(client, target, client.create(spec.connector, target.config, state))
             except ConnectError as exc:

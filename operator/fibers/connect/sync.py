@@ -58,7 +58,7 @@ class ConnectSync:
         self.publisher = Publisher(
             kube, ConnectLineage(settings.lineage, settings.kafka_bootstrap), policy, self.targets
         )
-        self.steps = Steps(kube, clusters, self.publisher, policy, self.intake.acted_on)
+        self.steps = Steps(kube, clusters, self.publisher, policy, self.intake.acted_on, settings.kafka_bootstrap)
         self._in_flight: dict[Key, asyncio.Task[None]] = {}  # one reconcile per resource at a time
         self.deleter = Deleter(
             kube,

@@ -2,7 +2,10 @@
 
 A Replay moves its steps back one at a time, upstream first. Each step is told to seek by its own
 spec.seek (a DatabusConsumer's checkpoints dropped and taken again from the position; a Transform run
-again from it), with a nonce of the Replay's, so writing it twice is one seek. The next step is told
+again from it; a sink connector's consumer group moved through Kafka Connect's offsets API), with a
+nonce of the Replay's, so writing it twice is one seek. A source connector has no position in time: it is
+skipped (the topic it writes keeps what the steps after it read again), or with `sources: snapshot` asked
+to send its tables again (Debezium's incremental snapshot, through its own seek). The next step is told
 only once this one runs from the new position, as its own status says for the generation that carries
 the seek. A step that fails ends the Replay there: the steps before it are repositioned, the ones after
 untouched (Waiting), never left half way.
@@ -18,7 +21,7 @@ from fibers.conditions import find
 from fibers.startfrom import StartFrom, StartFromError
 
 KIND, PLURAL = "Replay", "replays"
-SEEKABLE = ("Transform", "DatabusConsumer")
+SEEKABLE = ("Connect", "Transform", "DatabusConsumer")
 WAITING, SEEKING, REPOSITIONED, SKIPPED, FAILED = "Waiting", "Seeking", "Repositioned", "Skipped", "Failed"
 PENDING, RUNNING, SUCCEEDED = "Pending", "Running", "Succeeded"  # phases (and FAILED)
 FINISHED = (SUCCEEDED, FAILED)
@@ -45,6 +48,7 @@ class ReplaySpecError(ValueError):
 class ReplaySpec:
     start: StartFrom
     sinks: str = "skip-existing"
+    sources: str = "keep"  # keep | snapshot: what a source connector in the replay does
     pipeline: str | None = None
     resources: tuple[tuple[str, str], ...] = ()
 
@@ -59,7 +63,8 @@ class ReplaySpec:
         resources = tuple((str(r["kind"]), str(r["name"])) for r in spec.get("resources") or [])
         if not spec.get("pipeline") and not resources:
             raise ReplaySpecError("spec: name a pipeline or the resources to replay")
-        return cls(start, str(spec.get("sinks") or "skip-existing"), spec.get("pipeline"), resources)
+        sinks, sources = str(spec.get("sinks") or "skip-existing"), str(spec.get("sources") or "keep")
+        return cls(start, sinks, sources, spec.get("pipeline"), resources)
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Decision:
     status: dict[str, Any]
     seek: tuple[str, str, dict[str, Any]] | None = None  # (kind, name, spec.seek)
     changed_steps: list[str] = field(default_factory=list)  # "Kind/name: state" for Events
+    repositioned: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) moved in this look
 
 
 def nonce(replay_name: str, uid: str) -> str:
@@ -94,6 +100,8 @@ def seek_of(kind: str, spec: ReplaySpec, seek_nonce: str) -> dict[str, Any]:
 def position(kind: str, body: dict[str, Any]) -> str:
     """Where a step is, for the record: a consumer's last window SCN, a Transform's last run."""
     status = body.get("status") or {}
+    if kind == "Connect":
+        return f"connector {status.get('connectorState', 'not running')}"
     if kind == "DatabusConsumer":
         return f"window SCN {status['windowScn']}" if "windowScn" in status else "no checkpoint"
     run = status.get("currentRun") or {}
@@ -111,6 +119,13 @@ def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple
     if status.get("lastSeekNonce") != seek_nonce or int(status.get("observedGeneration", -1)) != generation:
         return SEEKING, "waiting for the operator to take the seek"
     ready = find(status.get("conditions"), "Ready") or {}
+    if kind == "Connect":
+        moved = find(status.get("conditions"), "Offsets") or {}
+        if moved.get("reason") not in ("Repositioned", "SnapshotRequested"):
+            return FAILED, f"{moved.get('reason', 'SeekFailed')}: {moved.get('message', '')}"
+        if ready.get("status") != "True" and spec.get("state", "running") == "running":
+            return SEEKING, f"moved; {ready.get('reason', 'waiting')}: {ready.get('message', '')}"
+        return REPOSITIONED, str(moved.get("message", ""))
     if kind == "DatabusConsumer" and spec.get("state") == "stopped":
         return REPOSITIONED, "stopped: it starts from the new position when it runs again"
     if kind == "Transform" and (status.get("currentRun") or {}).get("trigger") != "seek":
@@ -150,6 +165,10 @@ def decide(
         if state == SEEKING:
             step["message"] = message
             break
+        if state == REPOSITIONED and step["kind"] == "Connect" and body is not None:
+            last = ((body.get("status") or {}).get("offsets") or {}).get("lastOperation") or {}
+            if "records" in last:
+                step["records"] = last["records"]
         _finish(step, state, message, now, decision)
         if state == FAILED:
             break
@@ -166,6 +185,8 @@ def decide(
 def _finish(step: dict[str, Any], state: str, message: str, now: str, decision: Decision) -> None:
     step.update(state=state, message=message, finishedAt=now)
     decision.changed_steps.append(f"{step['kind']}/{step['name']}: {state.lower()}")
+    if state == REPOSITIONED:
+        decision.repositioned.append((step["kind"], step["name"]))
 
 
 def overlapping(mine: list[dict[str, Any]], others: list[dict[str, Any]], me: dict[str, Any]) -> str:

@@ -7,14 +7,17 @@ A Replay is looked at again every few seconds while it runs (`policy`), and neve
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from fibers import conditions, pipeline
+from fibers import conditions, lineage, pipeline
 from fibers.api import LABEL_PIPELINE, object_ref
 from fibers.conditions import format_time, utcnow
+from fibers.kafka_positions import PositionsError, lookup, total
 from fibers.kube import Kube, custom
 from fibers.reconciles import Again
 from fibers.replay import plan
@@ -43,8 +46,13 @@ class Pass:
 
 
 class ReplayReconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(
+        self, kube: Kube, kafka_bootstrap: str | None = None, lineage_base: dict[str, str] | None = None
+    ) -> None:
         self.kube = kube
+        self.kafka_bootstrap = kafka_bootstrap  # the operator's Kafka: where steps without their own read
+        self.lineage_base = lineage_base  # {topic, bootstrapServers, namespace} of OpenLineage events; None: off
+        self._sent: set[asyncio.Future[Any]] = set()
 
     async def reconcile(self, namespace: str, name: str) -> Again | None:
         body = await self.kube.get_object(PLURAL, namespace, name)
@@ -59,8 +67,10 @@ class ReplayReconciler:
             self._check_overlap,  # an older Replay still running on one of the steps: this one gives way
             self._read_targets,  # the steps as they are now
             self._decide,  # the next move (`plan.decide`)
+            self._count,  # the records the step told to seek reads again (a sink connector counts its own)
             self._seek,  # the seek written on the step it names
             self._publish,  # status, conditions, an Event per step that moved
+            self._report_lineage,  # an OpenLineage event per step repositioned, naming the Replay
         ):
             await step(p)
         finished = (p.decision.status if p.decision else p.status).get("phase") in plan.FINISHED or p.failure
@@ -84,7 +94,8 @@ class ReplayReconciler:
             ordered = [(s.kind, s.body) for s in pipeline.order(bodies)]
         else:
             ordered = [(kind, {"metadata": {"name": name}, "spec": {}}) for kind, name in p.spec.resources]
-        planned = [(kind, str(body["metadata"]["name"]), _why_skipped(kind, body)) for kind, body in ordered]
+        sources = p.spec.sources
+        planned = [(kind, str(body["metadata"]["name"]), _why_skipped(kind, body, sources)) for kind, body in ordered]
         if not planned:
             what = f"pipeline {p.spec.pipeline}" if p.spec.pipeline else "spec.resources"
             p.failure = ("NothingToReplay", f"{what}: no resource to replay in namespace {p.namespace}")
@@ -117,6 +128,22 @@ class ReplayReconciler:
             return
         seek_nonce = plan.nonce(p.name, str(p.body["metadata"]["uid"]))
         p.decision = plan.decide(p.spec, p.status, p.targets, seek_nonce, format_time(utcnow()))
+
+    async def _count(self, p: Pass) -> None:
+        if p.decision is None or p.decision.seek is None or p.spec is None:
+            return
+        kind, name, _ = p.decision.seek
+        body = p.targets.get(f"{kind}/{name}")
+        step = next(s for s in p.decision.status["steps"] if (s["kind"], s["name"]) == (kind, name))
+        bootstrap, topics = _reads(kind, body or {}, self.kafka_bootstrap)
+        if not (bootstrap and topics):
+            return  # a connector counts its own; a step that read nothing yet has nothing to count
+        try:
+            step["records"] = total(await asyncio.to_thread(lookup, bootstrap, topics, p.spec.start))
+        except PositionsError as exc:  # the step's own seek says so too, as its failure
+            log.info(
+                "records to replay not counted", extra={"replay": p.name, "step": f"{kind}/{name}", "why": str(exc)}
+            )
 
     async def _seek(self, p: Pass) -> None:
         if p.decision is None or p.decision.seek is None:
@@ -159,11 +186,52 @@ class ReplayReconciler:
         if p.failure and (p.body.get("status") or {}).get("phase") != plan.FAILED:
             self.kube.post_event_soon(ref, p.failure[0], p.failure[1], warning=True)
 
+    async def _report_lineage(self, p: Pass) -> None:
+        if self.lineage_base is None or p.decision is None or p.spec is None:
+            return
+        for kind, name in p.decision.repositioned:
+            step = next(s for s in p.decision.status["steps"] if (s["kind"], s["name"]) == (kind, name))
+            self._send_lineage(p, step)
 
-def _why_skipped(kind: str, body: dict[str, Any]) -> str:
-    """Why a step has nothing to move ("" when it has): Connects cannot be repositioned yet."""
-    if kind == "Connect":
-        return "a Connect is not repositioned by a Replay yet: its connector keeps running as it is"
+    def _send_lineage(self, p: Pass, step: dict[str, Any]) -> None:
+        assert self.lineage_base is not None and p.spec is not None
+        kind, name = step["kind"], step["name"]
+        settings = lineage.Settings.from_dict(
+            {
+                **self.lineage_base,
+                "job": f"{p.namespace}.{kind.lower()}.{name}",
+                "runId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{p.body['metadata']['uid']}/{kind}/{name}")),
+            }
+        )
+        facet = lineage.ReplayRunFacet(f"{p.namespace}/{p.name}", p.spec.start.describe(), step.get("records"))
+        task = asyncio.ensure_future(asyncio.to_thread(lineage.Emitter(settings).repositioned, [], facet))
+        self._sent.add(task)
+        task.add_done_callback(self._sent.discard)
+
+
+def _reads(kind: str, body: dict[str, Any], default_bootstrap: str | None) -> tuple[str, list[str]]:
+    """The Kafka and the topics a consumer or a Transform reads, as its status resolved them."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    if kind == "DatabusConsumer":
+        bootstrap = (spec.get("relay") or {}).get("bootstrapServers") or default_bootstrap or ""
+        return bootstrap, list(status.get("sources") or spec.get("sources") or [])
+    if kind == "Transform":
+        resolved = [t for i in status.get("inputs") or [] for t in i.get("topics") or []]
+        inputs = spec.get("inputs") or []
+        if not resolved and not any({"connectRef", "transformRef"} & set(i) for i in inputs):  # topics as given
+            resolved = [t for i in inputs for t in (i.get("kafka") or {}).get("topics") or []]
+        return default_bootstrap or "", resolved
+    return "", []
+
+
+def _why_skipped(kind: str, body: dict[str, Any], sources: str) -> str:
+    """Why a step has nothing to move ("" when it has)."""
+    config = (body.get("spec") or {}).get("config") or {}
+    if kind == "Connect" and body.get("spec") and not {"topics", "topics.regex"} & set(config) and sources == "keep":
+        return (
+            "a source connector has no position in time: the topic it writes keeps what it wrote, and the steps "
+            "reading it replay that (spec.sources: snapshot has it send its tables again)"
+        )
     if kind == "Transform" and body.get("spec") and not _reads_kafka(body["spec"]):
         return "reads no Kafka topic"
     return ""
