@@ -31,9 +31,9 @@ def test_operator_killed_during_connect_churn_leaves_nothing_behind(ctx: chaos.C
 
 
 def test_operator_killed_after_rerun_requests_makes_exactly_one_run_each(ctx: chaos.Context) -> None:
-    figures = chaos.transform_kills(ctx, transforms=1, reruns=2)
+    figures = chaos.transform_kills(ctx, transforms=1, reruns=1)  # the benchmark makes 30 (bench/chaos.py)
     assert (figures["extra_spark_applications"], figures["missing_runs"]) == (0, 0)
-    assert figures["spark_applications"] == 3
+    assert figures["spark_applications"] == 2
 
 
 def test_consumer_pods_deleted_under_write_load_lose_nothing(ctx: chaos.Context) -> None:
