@@ -220,6 +220,22 @@ def produce(bootstrap: str, topic: str, values: list[Any], *, key: str | None = 
     assert producer.flush(30) == 0
 
 
+def produce_around(bootstrap: str, topic: str) -> int:
+    """A one-partition topic of ten records {"id": i}: four timestamped before a time T a minute ago, six at
+    or after it; T (ms since the epoch), for tests of where reading starts."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held: its futures die with it
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    t = int(time.time() * 1000) - 60_000
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
+        producer.produce(topic, value=json.dumps({"id": i}).encode(), timestamp=stamp)
+    assert producer.flush(30) == 0
+    return t
+
+
 def debezium_spec(postgres_dsn: str, *, table: str, prefix: str, **extra: Any) -> dict[str, Any]:
     """A Connect spec streaming one table of the stack's PostgreSQL with Debezium (slot and publication `prefix`)."""
     import psycopg

@@ -22,7 +22,7 @@ import fibers_stack as stack
 from fibers.api import ANNOTATION_DELETION_POLICY, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
 from fibers_stack import StackInfo, platform_resources
-from tests.helpers import Resources, debezium_connect, debezium_spec, read_topic, wait_for
+from tests.helpers import Resources, debezium_connect, debezium_spec, produce, produce_around, read_topic, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.connect
@@ -552,18 +552,9 @@ def test_a_sink_starts_from_a_time_or_the_end_when_created_and_seeks_back_when_t
 ) -> None:
     """Records on both sides of T: a sink created with startFrom T delivers the six since T, one created
     with startFrom latest none of them; then a seek to earliest delivers all of them again."""
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from fibers.startfrom import format_time
 
-    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})  # held: its futures die with it
-    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
-    t = int(time.time() * 1000) - 60_000
-    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
-    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
-        producer.produce(unique, value=json.dumps({"id": i}).encode(), timestamp=stamp)
-    assert producer.flush(30) == 0
+    t = produce_around(stack_info.kafka_bootstrap, unique)
     os.chmod(tmp_path, 0o755)
     since, latest = tmp_path / "since.txt", tmp_path / "latest.txt"
 
@@ -584,8 +575,7 @@ def test_a_sink_starts_from_a_time_or_the_end_when_created_and_seeks_back_when_t
         assert "fibers.dev/offsets" not in (connects.get(name)["metadata"].get("annotations") or {})
     wait_for(lambda: len(lines(since)) == 6, timeout=60, what="the six records since T")
     assert lines(since) == [f"{{id={i}}}" for i in range(4, 10)]
-    producer.produce(unique, value=json.dumps({"id": 10}).encode())
-    assert producer.flush(30) == 0
+    produce(stack_info.kafka_bootstrap, unique, [{"id": 10}])
     wait_for(lambda: len(lines(latest)) == 1 and len(lines(since)) == 7, timeout=60, what="the record after")
     assert lines(latest) == ["{id=10}"]  # nothing from before it was created
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo
-from tests.helpers import Resources, produce, read_all, wait_for
+from tests.helpers import Resources, produce, produce_around, read_all, wait_for
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.transform
@@ -210,19 +209,10 @@ def test_a_sink_connector_replayed_from_a_time_delivers_again_from_there_and_lin
     skips the source (no position in time; its topic keeps what it wrote) and moves the sink's consumer
     group to the first record at or after T through Kafka Connect's offsets API: the sink delivers those
     six again, and the Replay, the Connect's status and an OpenLineage event all count six."""
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from fibers.startfrom import format_time
 
     connects, replays = Resources(kube, "connects", namespace), Resources(kube, "replays", namespace)
-    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
-    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
-    t = int(time.time() * 1000) - 60_000
-    producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
-    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
-        producer.produce(unique, value=json.dumps({"id": i}).encode(), timestamp=stamp)
-    assert producer.flush(30) == 0
+    t = produce_around(stack_info.kafka_bootstrap, unique)
     labels = {"fibers.dev/pipeline": unique}
     os.chmod(tmp_path, 0o755)  # the Connect worker reads and writes there
     source_file, out = tmp_path / "in.txt", tmp_path / "out.txt"
