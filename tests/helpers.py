@@ -64,6 +64,12 @@ def read_all(bootstrap: str, topic: str, *, idle: float = 3.0) -> list[bytes]:
     return [value or b"" for _, value in read_records(bootstrap, topic, idle=idle)]
 
 
+def lineage_events(bootstrap: str, topic: str, job: str) -> list[dict[str, Any]]:
+    """Every OpenLineage event of `job` on the lineage topic so far, in order."""
+    found = [json.loads(value or b"{}") for value in read_all(bootstrap, topic)]
+    return [event for event in found if event.get("job", {}).get("name") == job]
+
+
 def read_records(bootstrap: str, topic: str, *, idle: float = 3.0) -> list[tuple[bytes | None, bytes | None]]:
     """Every record (key, value) on a topic so far, in order: read until it has been quiet for `idle` s."""
     consumer = Consumer(

@@ -1,22 +1,20 @@
-"""OpenLineage events on a real Kafka topic from real Transform runs (Spark pods) and consumers, and their
-history kept in MongoDB by a DatabusConsumer with the history sink."""
+"""OpenLineage events on a real Kafka topic from Connects and consumers, and their history kept in MongoDB by a
+DatabusConsumer with the history sink. A Transform run's events are checked beside its run in test_transform."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
 from fibers_stack import StackInfo
-from tests.helpers import Resources, produce, produce_around, read_all, wait_for
+from tests.helpers import Resources, lineage_events, produce_around, wait_for
 from tests.integration.conftest import OperatorProcess
 
-pytestmark = pytest.mark.transform
+pytestmark = pytest.mark.connect
 
 
 @pytest.fixture(scope="module")
@@ -29,127 +27,27 @@ def operator_env(lineage_topic: str) -> dict[str, str]:
     return {"FIBERS_LINEAGE_TOPIC": lineage_topic, "FIBERS_LINEAGE_NAMESPACE": "fibers-test"}
 
 
-@pytest.fixture(scope="module")
-def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
-    return Resources(kube, "transforms", namespace)
-
-
-def events(bootstrap: str, topic: str, job: str) -> list[dict[str, Any]]:
-    """Every lineage event of `job` on the topic so far, in order."""
-    found = [json.loads(value or b"{}") for value in read_all(bootstrap, topic)]
-    return [event for event in found if event.get("job", {}).get("name") == job]
-
-
-def test_a_transform_run_reports_start_then_complete_with_datasets_and_rows(
-    transforms: Resources, stack_info: StackInfo, lineage_topic: str, namespace: str, unique: str
-) -> None:
-    bootstrap = stack_info.kafka_bootstrap
-    produce(bootstrap, f"{unique}-in", [{"id": i, "customer": f"c{i % 2}"} for i in range(7)], key="id")
-    transforms.create(
-        unique,
-        {
-            "inputs": [{"name": "orders", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT, customer STRING"}}],
-            "sql": "SELECT customer, count(*) AS n FROM orders GROUP BY customer",
-            "output": {"kafka": {"topic": f"{unique}-out"}},
-            "streamBack": {"topic": f"{unique}-back"},
-        },
-    )
-    transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
-    run = transforms.status(unique)["currentRun"]
-    job = f"{namespace}.transform.{unique}"
-    found = wait_for(
-        lambda: (e := events(bootstrap, lineage_topic, job)) and len(e) >= 2 and e, timeout=60, what="START, COMPLETE"
-    )
-    assert [e["eventType"] for e in found] == ["START", "COMPLETE"]
-    start, complete = found
-    assert start["run"]["runId"] == complete["run"]["runId"] == run["submissionId"]
-    assert complete["job"]["namespace"] == "fibers-test"
-    kafka_ns = f"kafka://{bootstrap.split(',')[0]}"
-    [source] = complete["inputs"]
-    assert (source["namespace"], source["name"]) == (kafka_ns, f"{unique}-in")
-    assert source["inputFacets"]["inputStatistics"]["rowCount"] == 7
-    outputs = {o["name"]: o["outputFacets"]["outputStatistics"]["rowCount"] for o in complete["outputs"]}
-    assert outputs == {f"{unique}-out": 2, f"{unique}-back": 2}
-    ingestion = complete["run"]["facets"]["fibers_ingestion"]
-    assert (ingestion["kind"], ingestion["rowsIn"], ingestion["rowsOut"], ingestion["streamedBack"]) == (
-        "Transform",
-        7,
-        2,
-        2,
-    )
-    assert ingestion["offsets"] == [{"topic": f"{unique}-in", "partition": 0, "first": 0, "last": 6}]
-
-
-def test_a_failed_run_reports_fail_with_the_error(
-    transforms: Resources, stack_info: StackInfo, lineage_topic: str, namespace: str, unique: str
-) -> None:
-    produce(stack_info.kafka_bootstrap, f"{unique}-in", [{"id": 1}])
-    transforms.create(
-        unique,
-        {
-            "inputs": [{"name": "things", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT"}}],
-            "sql": "SELECT * FROM no_such_view",
-            "output": {"kafka": {"topic": f"{unique}-out"}},
-        },
-    )
-    transforms.wait_condition(unique, "False", "RunFailed", timeout=300)
-    job = f"{namespace}.transform.{unique}"
-    found = wait_for(
-        lambda: (e := events(stack_info.kafka_bootstrap, lineage_topic, job)) and len(e) >= 2 and e,
-        timeout=60,
-        what="START, FAIL",
-    )
-    assert [e["eventType"] for e in found] == ["START", "FAIL"]
-    error = found[1]["run"]["facets"]["errorMessage"]
-    assert "TABLE_OR_VIEW_NOT_FOUND" in error["message"] and error["programmingLanguage"] == "python"
-
-
-def test_the_lineage_history_lands_in_mongodb(
+def test_a_connector_run_starts_when_ready_and_completes_when_deleted_and_the_history_keeps_it(
     kube: ApiClient,
     namespace: str,
     operator: OperatorProcess,
     stack_info: StackInfo,
     lineage_topic: str,
     mongo_secret: str,
+    tmp_path: Path,
     unique: str,
 ) -> None:
-    """A DatabusConsumer with the history sink keeps every event (its own START included)."""
+    """A Connect's run: START once Running, COMPLETE when deleted, and a consumer reading its topic names it
+    as its input's producer. A DatabusConsumer with the history sink keeps every event in MongoDB, its own
+    START included, each under its topic position."""
     consumers = Resources(kube, "databusconsumers", namespace)
-    sink = {
+    history_sink = {
         "type": "history",
         "uriSecretRef": {"name": mongo_secret, "key": "uri"},
         "database": unique,
         "collection": "lineage",
     }
-    consumers.create(unique, {"sources": [lineage_topic], "startPosition": "earliest", "sink": sink})
-    mongo: MongoClient[dict[str, Any]] = MongoClient(stack_info.mongodb_uri)
-    history = mongo[unique]["lineage"]
-
-    def stored() -> dict[str, list[str]] | None:
-        by_job: dict[str, list[str]] = {}
-        for doc in history.find():
-            by_job.setdefault(doc["job"]["name"], []).append(doc["eventType"])
-        own = f"{namespace}.databusconsumer.{unique}"
-        transforms = [types for job, types in by_job.items() if ".transform." in job]
-        return by_job if own in by_job and len(transforms) >= 2 else None
-
-    by_job = wait_for(stored, timeout=120, what="lineage events in MongoDB")
-    assert sorted(by_job[f"{namespace}.databusconsumer.{unique}"]) == ["START"]
-    assert any(sorted(types) == ["COMPLETE", "START"] for job, types in by_job.items() if ".transform." in job)
-    assert any(sorted(types) == ["FAIL", "START"] for job, types in by_job.items() if ".transform." in job)
-    doc = history.find_one({"eventType": "COMPLETE"})
-    assert doc is not None and doc["_id"] == f"{lineage_topic}/0/{doc['_offset']}"
-
-
-def test_a_connector_run_starts_when_ready_and_completes_when_deleted(
-    kube: ApiClient,
-    namespace: str,
-    operator: OperatorProcess,
-    stack_info: StackInfo,
-    lineage_topic: str,
-    tmp_path: Path,
-    unique: str,
-) -> None:
+    consumers.create(f"{unique}-h", {"sources": [lineage_topic], "startPosition": "earliest", "sink": history_sink})
     source = tmp_path / "in.txt"
     source.write_text("a\nb\n")
     os.chmod(tmp_path, 0o755)  # Kafka Connect reads it
@@ -166,18 +64,19 @@ def test_a_connector_run_starts_when_ready_and_completes_when_deleted(
     connects.wait_status(unique, lambda s: bool(s.get("topics")), what="topics known")
     job = f"{namespace}.connect.{unique}"
     bootstrap = stack_info.kafka_bootstrap
-    [start] = wait_for(lambda: events(bootstrap, lineage_topic, job) or None, timeout=60, what="START")
+    [start] = wait_for(lambda: lineage_events(bootstrap, lineage_topic, job) or None, timeout=60, what="START")
     assert start["eventType"] == "START"
     assert [(d["namespace"], d["name"]) for d in start["inputs"]] == [("file", str(source))]
 
     # A consumer reading it through a sourceRef names the Connect as its input's producer, as the pipeline does.
-    consumers = Resources(kube, "databusconsumers", namespace)
     consumers.create(
         f"{unique}-c",
         {"sourceRefs": [{"connectRef": {"name": unique}}], "startPosition": "earliest", "sink": {"type": "log"}},
     )
     consumer_job = f"{namespace}.databusconsumer.{unique}-c"
-    [own] = wait_for(lambda: events(bootstrap, lineage_topic, consumer_job) or None, timeout=120, what="its START")[:1]
+    [own] = wait_for(
+        lambda: lineage_events(bootstrap, lineage_topic, consumer_job) or None, timeout=120, what="its START"
+    )[:1]
     assert [(d["name"], d["facets"].get("fibers_producer", {}).get("name")) for d in own["inputs"]] == [
         (unique, unique)
     ]
@@ -186,13 +85,27 @@ def test_a_connector_run_starts_when_ready_and_completes_when_deleted(
     connects.delete(unique)
     wait_for(lambda: not connects.exists(unique), timeout=60, what="Connect deleted")
     found = wait_for(
-        lambda: (e := events(bootstrap, lineage_topic, job)) and len(e) >= 2 and e, timeout=60, what="COMPLETE"
+        lambda: (e := lineage_events(bootstrap, lineage_topic, job)) and len(e) >= 2 and e, timeout=60, what="COMPLETE"
     )
     assert [e["eventType"] for e in found] == ["START", "COMPLETE"]
     assert found[0]["run"]["runId"] == found[1]["run"]["runId"]
     assert [(d["namespace"], d["name"]) for d in found[1]["outputs"]] == [
         (f"kafka://{bootstrap.split(',')[0]}", unique)
     ]
+
+    history = MongoClient(stack_info.mongodb_uri)[unique]["lineage"]
+
+    def stored() -> dict[str, list[str]] | None:
+        by_job: dict[str, list[str]] = {}
+        for doc in history.find():
+            by_job.setdefault(doc["job"]["name"], []).append(doc["eventType"])
+        return by_job if len(by_job.get(job, [])) >= 2 and f"{namespace}.databusconsumer.{unique}-h" in by_job else None
+
+    by_job = wait_for(stored, timeout=120, what="lineage events in MongoDB")
+    assert by_job[f"{namespace}.databusconsumer.{unique}-h"] == ["START"]
+    assert sorted(by_job[job]) == ["COMPLETE", "START"] and by_job[consumer_job][0] == "START"
+    doc = history.find_one({"eventType": "COMPLETE", "job.name": job})
+    assert doc is not None and doc["_id"] == f"{lineage_topic}/0/{doc['_offset']}"
 
 
 def test_a_sink_connector_replayed_from_a_time_delivers_again_from_there_and_lineage_names_the_replay(
@@ -243,7 +156,9 @@ def test_a_sink_connector_replayed_from_a_time_delivers_again_from_there_and_lin
     assert status["connectorState"] == "RUNNING" and status["lastSeekNonce"].startswith(f"replay-{unique}")
     job = f"{namespace}.connect.{unique}-sink"
     found = wait_for(
-        lambda: [e for e in events(stack_info.kafka_bootstrap, lineage_topic, job) if e["eventType"] == "OTHER"],
+        lambda: [
+            e for e in lineage_events(stack_info.kafka_bootstrap, lineage_topic, job) if e["eventType"] == "OTHER"
+        ],
         timeout=60,
         what="the replay's lineage event",
     )

@@ -26,7 +26,7 @@ from fibers.jobs.spec import result_config_map
 from fibers.kube import Kube
 from fibers.transform.sparkapp import SparkApplications
 from fibers_stack import StackInfo, spark_operator
-from tests.helpers import Resources, produce, read_topic, spark_apps, wait_for
+from tests.helpers import Resources, lineage_events, produce, read_topic, spark_apps, wait_for
 from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess
 
 pytestmark = pytest.mark.transform
@@ -37,8 +37,28 @@ KEEP_EXECUTORS = {"spark.kubernetes.executor.deleteOnTermination": "false"}  # t
 
 
 @pytest.fixture(scope="module")
+def lineage_topic(namespace: str) -> str:
+    return f"lineage-{namespace}"
+
+
+@pytest.fixture(scope="module")
+def operator_env(lineage_topic: str) -> dict[str, str]:
+    """Every run here also reports its OpenLineage events (checked beside the run they describe)."""
+    return {"FIBERS_LINEAGE_TOPIC": lineage_topic, "FIBERS_LINEAGE_NAMESPACE": "fibers-test"}
+
+
+@pytest.fixture(scope="module")
 def transforms(kube: ApiClient, namespace: str, operator: OperatorProcess) -> Resources:
     return Resources(kube, "transforms", namespace)
+
+
+def lineage_of(bootstrap: str, topic: str, job: str, count: int) -> list[dict[str, Any]]:
+    """The job's first `count` lineage events, once there are that many."""
+    return wait_for(
+        lambda: (e := lineage_events(bootstrap, topic, job)) and len(e) >= count and e[:count],
+        timeout=60,
+        what=f"{count} lineage events of {job}",
+    )
 
 
 def data_volume(path: Path, **spark: Any) -> dict[str, Any]:
@@ -99,6 +119,8 @@ def run_to_mongodb(
     assert {p.metadata.labels["spark-role"] for p in pods} == {"driver", "executor"}
     for pod in pods:
         assert_runs_as_a_user_would(pod, secret=secret)
+    [app] = spark_apps(kube, namespace, name)
+    assert "mongodb://" not in json.dumps(app), "a secret value in the SparkApplication"
 
 
 def orders(n: int, start: int = 0) -> list[dict[str, Any]]:
@@ -134,9 +156,11 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
     kube: ApiClient,
     namespace: str,
     stack_info: StackInfo,
-    mongo_secret: str,
+    lineage_topic: str,
     unique: str,
 ) -> None:
+    """A batch run: Kafka in, SQL, Kafka out and streamed back, on a real driver pod and executor pod. Its
+    OpenLineage events say START then COMPLETE with its datasets, row counts and the offsets it read."""
     produce(stack_info.kafka_bootstrap, f"{unique}-orders", orders(9), key="id")
     transforms.create(
         unique,
@@ -178,24 +202,36 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
         assert pod.spec.containers[0].image == stack_info.images["job"]
         assert_runs_as_a_user_would(pod, secret=None)
 
+    bootstrap = stack_info.kafka_bootstrap
+    start, complete = lineage_of(bootstrap, lineage_topic, f"{namespace}.transform.{unique}", 2)
+    assert (start["eventType"], complete["eventType"]) == ("START", "COMPLETE")
+    assert start["run"]["runId"] == complete["run"]["runId"] == run["submissionId"]
+    assert complete["job"]["namespace"] == "fibers-test"
+    [source] = complete["inputs"]
+    assert (source["namespace"], source["name"]) == (f"kafka://{bootstrap.split(',')[0]}", f"{unique}-orders")
+    assert source["inputFacets"]["inputStatistics"]["rowCount"] == 9
+    outputs = {o["name"]: o["outputFacets"]["outputStatistics"]["rowCount"] for o in complete["outputs"]}
+    assert outputs == {f"{unique}-totals": 3, f"{unique}-report": 3}
+    ingestion = complete["run"]["facets"]["fibers_ingestion"]
+    assert (ingestion["kind"], ingestion["rowsIn"], ingestion["rowsOut"], ingestion["streamedBack"]) == (
+        "Transform",
+        9,
+        3,
+        3,
+    )
+    assert ingestion["offsets"] == [{"topic": f"{unique}-orders", "partition": 0, "first": 0, "last": 8}]
 
-def test_secrets_reach_driver_and_executors_by_reference(
+
+def test_bad_sql_fails_with_sparks_message(
     transforms: Resources,
     kube: ApiClient,
     namespace: str,
     stack_info: StackInfo,
-    mongo_secret: str,
-    mongo: Any,
+    lineage_topic: str,
+    tmp_path: Path,
     unique: str,
 ) -> None:
-    run_to_mongodb(transforms, kube, namespace, stack_info, mongo_secret, mongo, unique, records=6)
-    [app] = spark_apps(kube, namespace, unique)
-    assert "mongodb://" not in json.dumps(app), "a secret value in the SparkApplication"
-
-
-def test_bad_sql_fails_with_sparks_message(
-    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
-) -> None:
+    """Spark's own words on Ready, on the driver's termination message, and in the run's FAIL lineage event."""
     (tmp_path / "in.json").write_text('{"id": 1}\n')
     transforms.create(
         unique,
@@ -215,6 +251,11 @@ def test_bad_sql_fails_with_sparks_message(
     status = next(s for s in driver.status.container_statuses if s.name == "spark-kubernetes-driver")
     assert "TABLE_OR_VIEW_NOT_FOUND" in status.state.terminated.message
     assert driver.spec.containers[0].termination_message_policy == "FallbackToLogsOnError"
+
+    start, fail = lineage_of(stack_info.kafka_bootstrap, lineage_topic, f"{namespace}.transform.{unique}", 2)
+    assert (start["eventType"], fail["eventType"]) == ("START", "FAIL")
+    error = fail["run"]["facets"]["errorMessage"]
+    assert "TABLE_OR_VIEW_NOT_FOUND" in error["message"] and error["programmingLanguage"] == "python"
 
 
 def test_a_batch_run_starts_from_a_time_a_seek_runs_it_again_and_never_before_what_kafka_keeps(
@@ -309,33 +350,41 @@ def test_what_passes_admission_but_cannot_run_is_invalid_spec_at_once(
     assert "Traceback" not in log and "CroniterBadCronError" not in log
 
 
-def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(
-    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str, operator: OperatorProcess
+def test_rerun_nonce_starts_a_new_run_over_a_connects_topic_and_delete_removes_runs(
+    transforms: Resources,
+    kube: ApiClient,
+    namespace: str,
+    stack_info: StackInfo,
+    tmp_path: Path,
+    unique: str,
+    operator: OperatorProcess,
 ) -> None:
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.json").write_text("".join(json.dumps(o) + "\n" for o in orders(4)))
+    """A batch Transform reading a Connect's topic (`connectRef`, resolved to the topics the Connect reports):
+    a new `rerunNonce` starts a new run over what the topic holds by then; deleting the Transform removes its
+    runs and their pods, and its metric series."""
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"line {i}\n" for i in range(6)))
+    spark = data_volume(tmp_path)  # also opens the directory to the Connect worker
+    connects = Resources(kube, "connects", namespace)
+    connects.create(f"{unique}-src", {"class": "FileStreamSource", "config": {"file": str(source), "topic": unique}})
+    connects.wait_status(f"{unique}-src", lambda s: s.get("topics") == [unique], timeout=90, what="topics reported")
     transforms.create(
         unique,
         {
-            "inputs": [{"name": "orders", "files": {"path": f"{DATA}/in/a.json", "format": "json"}}],
-            "sql": "SELECT count(*) AS n FROM orders",
+            "inputs": [{"name": "lines", "connectRef": {"name": f"{unique}-src"}}],
+            "sql": "SELECT count(*) AS n FROM lines",
             "output": {"files": {"path": f"{DATA}/out", "format": "json"}},
-            "spark": data_volume(tmp_path),
+            "spark": spark,
         },
     )
     transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
     first = transforms.status(unique)["currentRun"]["name"]
-    assert out_rows(tmp_path / "out") == [{"n": 4}]
-    (tmp_path / "in" / "b.json").write_text("".join(json.dumps(o) + "\n" for o in orders(3, start=10)))
-    transforms.patch(
-        unique,
-        {
-            "spec": {
-                "rerunNonce": "again",
-                "inputs": [{"name": "orders", "files": {"path": f"{DATA}/in", "format": "json"}}],
-            }
-        },
-    )
+    assert transforms.status(unique)["currentRun"]["recordsOut"] == 1
+    assert out_rows(tmp_path / "out") == [{"n": 6}]
+    with source.open("a") as more:
+        more.write("".join(f"line {i}\n" for i in range(6, 9)))
+    read_topic(stack_info.kafka_bootstrap, unique, 9)  # the Connect has carried the new lines over
+    transforms.patch(unique, {"spec": {"rerunNonce": "again"}})
 
     def second_run_succeeded(status: dict[str, Any]) -> bool:
         run = status.get("currentRun") or {}
@@ -349,7 +398,7 @@ def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(
     status = transforms.wait_status(unique, second_run_succeeded, timeout=300, what="second run succeeded")
     assert status["currentRun"]["trigger"] == "rerun"
     assert status["lastRerunNonce"] == "again"
-    assert out_rows(tmp_path / "out") == [{"n": 7}]
+    assert out_rows(tmp_path / "out") == [{"n": 9}]
     assert len(spark_apps(kube, namespace, unique)) == 2
     # Each run counted once, as the Spark Operator counts SparkApplications; the age of the output.
     labels = {"namespace": namespace, "name": unique}
@@ -370,28 +419,6 @@ def test_rerun_nonce_starts_a_new_run_and_delete_removes_runs(
     )
     wait_for(lambda: not spark_apps(kube, namespace, unique), timeout=60, what="runs garbage-collected")
     wait_for(lambda: not spark_pods(kube, namespace, first), timeout=60, what="the runs' pods garbage-collected")
-
-
-def test_input_from_a_connect_resource(
-    transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str
-) -> None:
-    source = tmp_path / "lines.txt"
-    source.write_text("".join(f"line {i}\n" for i in range(6)))
-    connects = Resources(kube, "connects", namespace)
-    connects.create(f"{unique}-src", {"class": "FileStreamSource", "config": {"file": str(source), "topic": unique}})
-    connects.wait_status(f"{unique}-src", lambda s: s.get("topics") == [unique], timeout=90, what="topics reported")
-    transforms.create(
-        unique,
-        {
-            "inputs": [{"name": "lines", "connectRef": {"name": f"{unique}-src"}}],
-            "sql": "SELECT count(*) AS n FROM lines",
-            "output": {"files": {"path": f"{DATA}/out", "format": "json"}},
-            "spark": data_volume(tmp_path),
-        },
-    )
-    transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
-    assert transforms.status(unique)["currentRun"]["recordsOut"] == 1
-    assert out_rows(tmp_path / "out") == [{"n": 6}]
 
 
 def test_streaming_keeps_up_suspends_and_resumes_without_duplicates(
