@@ -150,6 +150,11 @@ def _pipeline(args: argparse.Namespace) -> int:
 
     kube = Kubeconfig(args.context)
     namespace = None if args.all_namespaces else args.namespace or kube.namespace
+    if args.pipeline:  # fibers pipeline suspend|resume NAME
+        try:
+            return _suspend_or_resume(kube, args.name, args.pipeline, args.namespace or kube.namespace)
+        finally:
+            kube.close()
     try:
         while True:
             chains = {ns: pipeline.order(bodies) for ns, bodies in pipeline.fetch(kube, args.name, namespace).items()}
@@ -168,6 +173,28 @@ def _pipeline(args: argparse.Namespace) -> int:
         return 0
     finally:
         kube.close()
+
+
+def _suspend_or_resume(kube: Any, action: str, name: str, namespace: str) -> int:
+    """Set `suspended` (or `running`) on every step of a pipeline: downstream first on suspend, so no step
+    reads what an upstream one still writes; upstream first on resume. Each keeps its position."""
+    from fibers import pipeline
+
+    if action not in ("suspend", "resume"):
+        print(f"fibers pipeline {action} {name}: say suspend or resume, or just the pipeline's name", file=sys.stderr)
+        return 2
+    steps = pipeline.order(pipeline.fetch(kube, name, namespace).get(namespace) or {})
+    if not steps:
+        print(f"no pipeline {name} in namespace {namespace}", file=sys.stderr)
+        return 2
+    state = "suspended" if action == "suspend" else "running"
+    for step in reversed(steps) if action == "suspend" else steps:
+        kube.patch_object(
+            pipeline.KINDS[step.kind], namespace, step.body["metadata"]["name"], {"spec": {"state": state}}
+        )
+        print(f"  {step.key}: {state}", flush=True)
+    print(f"{namespace}/{name}: {len(steps)} steps {state}; `fibers pipeline {name}` shows them")
+    return 0
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -303,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     consume_cmd.set_defaults(func=_consume)
 
     pipeline_cmd = sub.add_parser("pipeline", help="print a pipeline's steps in order and its first broken link")
-    pipeline_cmd.add_argument("name", help="the value of the fibers.dev/pipeline label")
+    pipeline_cmd.add_argument("name", help="the value of the fibers.dev/pipeline label (or suspend, resume)")
+    pipeline_cmd.add_argument(
+        "pipeline",
+        nargs="?",
+        help="after suspend or resume: the pipeline whose steps all become suspended (downstream first) or running",
+    )
     pipeline_cmd.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
     pipeline_cmd.add_argument("-A", "--all-namespaces", action="store_true", help="that pipeline in every namespace")
     pipeline_cmd.add_argument("--context", help="the kubeconfig context (default: the current one)")

@@ -37,13 +37,14 @@ from fibers.schemas import handlers as _schema_handlers  # registers handlers
 from fibers.schemas.operator import SchemaOperator
 from fibers.schemas.spec import PLURAL as SCHEMAS
 from fibers.schemas.spec import REGISTRIES
+from fibers.secret_refs import SecretRefs
 from fibers.settings import Settings
 from fibers.transform import handlers as _transform_handlers  # registers handlers
 from fibers.transform.reconciler import TransformReconciler
 from fibers.transform.sparkapp import CHILDREN as TRANSFORM_CHILDREN
 from fibers.transform.spec import KIND as TRANSFORM_KIND
 from fibers.transform.spec import PLURAL as TRANSFORMS
-from fibers.watches import ChildWatches, Scope
+from fibers.watches import SECRETS, ChildWatches, Scope
 
 log = logging.getLogger("fibers.operator")
 
@@ -104,7 +105,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     kube = Kube(load_client())
     memo.kube = kube
     memo.connect_clusters = ConnectClusters(kube, config.clusters)
-    memo.connect = ConnectSync(kube, config.connect, memo.connect_clusters)
+    memo.secret_refs = secret_refs = SecretRefs()  # who names which Secret: the Secrets watch's receivers
+    memo.connect = ConnectSync(kube, config.connect, memo.connect_clusters, secret_refs=secret_refs)
     memo.connect_task = asyncio.create_task(memo.connect.run(), name="connect-sync")
     memo.connect_clusters_task = asyncio.create_task(memo.connect_clusters.run(), name="connect-clusters")
     memo.schemas = SchemaOperator(kube, config.schemas, default_registry=config.schema_registry)
@@ -123,6 +125,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         lineage=config.lineage,
         dependents=reconciles.dependents,
         policy=defaults.policy,
+        secret_refs=secret_refs,
     )
     reconciles.register(TRANSFORM_KIND, memo.transform.reconcile)
     reconciles.register(DATABUS_KIND, memo.databus.reconcile)
@@ -138,6 +141,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     ):
         for child in children:
             memo.watches.add(child, _owner_changed(reconciles, kind, delay))
+    # Every Secret of the served namespaces, by its metadata only: a change reaches the resources naming it.
+    memo.watches.add(SECRETS, _secret_changed(memo.connect, memo.databus, secret_refs, reconciles))
     readiness: Readiness = memo.readiness
     readiness.gate(memo.watches.unanswered)
     readiness.gate(_keeping_up(reconciles, readiness.policy.queue_lag_seconds))
@@ -171,6 +176,25 @@ def _listing(kube: Kube, scope: Scope) -> Callable[[str], Awaitable[set[tuple[st
         return found
 
     return listing
+
+
+def _secret_changed(
+    connect: ConnectSync, databus: DatabusReconciler, refs: SecretRefs, reconciles: Reconciles
+) -> Callable[[str, str], None]:
+    """A Secret changed (its metadata seen by the watch): the resources naming it look at it again."""
+    started: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+
+    def changed(namespace: str, secret: str) -> None:
+        for kind, name in refs.referring(namespace, secret):
+            if kind == CONNECT_KIND:
+                task = asyncio.create_task(connect.secret_changed(namespace, name, secret))
+                started.add(task)
+                task.add_done_callback(started.discard)
+            elif kind == DATABUS_KIND:
+                databus.secret_changed(namespace, name, secret)
+                reconciles.nudge(kind, namespace, name, 0.0)
+
+    return changed
 
 
 def _owner_changed(reconciles: Reconciles, kind: str, delay: float) -> Callable[[str, str], None]:

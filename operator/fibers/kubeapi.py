@@ -57,6 +57,9 @@ RETRY_CAP_SECONDS = 10.0  # … up to this, so a long outage is still tried a fe
 RETRY_AFTER_MAX_SECONDS = 60.0
 
 MERGE_PATCH = "application/merge-patch+json"
+# Lists and watches of metadata only (the API server's PartialObjectMetadata): a Secret's data never comes.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -299,8 +302,11 @@ class Api:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> dict[str, Any]:
         headers = self._auth({"Content-Type": content_type} if body is not None else {})
+        if accept:
+            headers["Accept"] = accept
         try:
             response = self._http.request(
                 method,
@@ -321,11 +327,14 @@ class Api:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def watch(self, url: str, *, resource_version: str, **params: Any) -> Iterator[dict[str, Any]]:
+    def watch(
+        self, url: str, *, resource_version: str, metadata_only: bool = False, **params: Any
+    ) -> Iterator[dict[str, Any]]:
         """The events of a watch from `resource_version` (bookmarks included) until the server ends it.
 
         Blocking: it is meant for a thread of its own. An `ERROR` event (410 Gone: the version is too
-        old) is handed on like the others; the caller lists again.
+        old) is handed on like the others; the caller lists again. `metadata_only`: each object is its
+        metadata (what a watch of Secrets needs, and all it may hold).
         """
         query = {
             **params,
@@ -336,7 +345,8 @@ class Api:
         }
         timeout = httpx.Timeout(REQUEST_TIMEOUT, read=WATCH_SECONDS + REQUEST_TIMEOUT)
         try:
-            with self._http.stream("GET", url, params=query, headers=self._auth({}), timeout=timeout) as response:
+            headers = self._auth({"Accept": METADATA_WATCH} if metadata_only else {})
+            with self._http.stream("GET", url, params=query, headers=headers, timeout=timeout) as response:
                 if response.status_code >= 400:
                     raise ApiError.of(response, response.read().decode())
                 for line in response.iter_lines():
@@ -347,6 +357,10 @@ class Api:
 
     def get(self, url: str, **params: Any) -> dict[str, Any]:
         return self.request("GET", url, params=params or None)
+
+    def list_metadata(self, url: str, **params: Any) -> dict[str, Any]:
+        """A list of the objects' metadata only (PartialObjectMetadataList)."""
+        return self.request("GET", url, params=params or None, accept=METADATA_LIST)
 
     def get_or_none(self, url: str) -> dict[str, Any] | None:
         try:

@@ -65,6 +65,13 @@ class Kubeconfig:
         api = client.CustomObjectsApi(self._client)
         return cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name))
 
+    def patch_object(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of a fibers.dev object."""
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._client)
+        return cast(dict[str, Any], api.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch))
+
     def close(self) -> None:
         self._client.close()
 

@@ -37,14 +37,23 @@ OnOwner = Callable[[str, str], None]  # (namespace, owner name): called in the e
 
 @dataclass(frozen=True)
 class Child:
-    """A kind of object the operator creates, and the label whose value names its owner."""
+    """A kind of object the operator creates, and the label whose value names its owner. Or, with no label,
+    a kind of object resources refer to by name (Secrets): every one is watched, by its metadata only, and
+    each event names the object itself; the receiver keeps the names that matter (`fibers.secret_refs`)."""
 
     api: str  # "v1", "apps/v1", "sparkoperator.k8s.io/v1beta2"
     plural: str
-    label: str
+    label: str = ""
+
+    @property
+    def by_name(self) -> bool:
+        return not self.label
 
     def __str__(self) -> str:
-        return f"{self.plural}.{self.api.split('/')[0] if '/' in self.api else 'core'} ({self.label})"
+        return f"{self.plural}.{self.api.split('/')[0] if '/' in self.api else 'core'} ({self.label or 'by name'})"
+
+
+SECRETS = Child("v1", "secrets")
 
 
 class Scope:
@@ -112,9 +121,14 @@ class ChildWatch:
 
     def _notify(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        owner, namespace = (meta.get("labels") or {}).get(self.child.label), meta.get("namespace")
+        owner = meta.get("name") if self.child.by_name else (meta.get("labels") or {}).get(self.child.label)
+        namespace = meta.get("namespace")
         if owner and namespace and self.scope.includes(namespace):
             self.loop.call_soon_threadsafe(self.on_owner, namespace, owner)
+
+    @property
+    def _selector(self) -> dict[str, str]:
+        return {"labelSelector": self.child.label} if self.child.label else {}
 
     def _run(self) -> None:
         url = path(self.child.api, self.child.plural, self.namespace)
@@ -123,7 +137,7 @@ class ChildWatch:
         while not self._stop.is_set():
             try:
                 failpoints.hit("watch.list", Unreachable)
-                listing = self.api.get(url, labelSelector=self.child.label)
+                listing = self.api.list_metadata(url) if self.child.by_name else self.api.get(url, **self._selector)
                 version = str(listing["metadata"]["resourceVersion"])
                 if relist:  # events may have been missed meanwhile: every owner looks again
                     for item in listing.get("items") or []:
@@ -147,7 +161,8 @@ class ChildWatch:
 
     def _follow(self, url: str, version: str) -> str:
         """One watch request, until the server ends it: the last version seen."""
-        for event in self.api.watch(url, resource_version=version, labelSelector=self.child.label):
+        by_name = self.child.by_name
+        for event in self.api.watch(url, resource_version=version, metadata_only=by_name, **self._selector):
             if self._stop.is_set():
                 break
             obj = event.get("object") or {}

@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class StackInfo:
     connect_tls_url: str = ""  # the same worker's REST API over TLS, with a CA of its own
     connect_tls_ca: str = ""  # that CA (PEM file)
     postgres_dsn: str = ""
+    postgres_role_checked: str = ""  # a role whose members PostgreSQL asks for their password (postgres.py)
     mongodb_uri: str = ""
     registry_url: str = ""  # Apicurio Registry's base URL; its Confluent-compatible API is under /apis/ccompat/v7
     spark_kafka_jars: str = ""
@@ -161,9 +162,13 @@ def _state_file() -> Path:
 def current() -> StackInfo | None:
     """The recorded stack, if any (running or not)."""
     try:
-        return StackInfo(**json.loads(_state_file().read_text()))
+        recorded = json.loads(_state_file().read_text())
     except FileNotFoundError:
         return None
+    # A stack recorded by another version of this package (a newer clone, or an older one) may name fields
+    # this one does not know; it is still stopped cleanly by its pids, and `_complete` decides on a restart.
+    known = {f.name for f in fields(StackInfo)}
+    return StackInfo(**{key: value for key, value in recorded.items() if key in known})
 
 
 def up() -> StackInfo:
@@ -223,7 +228,7 @@ def up() -> StackInfo:
 
 def _complete(running: StackInfo) -> bool:
     """A running stack has what this version starts (else it was started by an earlier one)."""
-    return set(STOP_ORDER) <= set(running.pids) and bool(running.cluster_addresses)
+    return set(STOP_ORDER) <= set(running.pids) and bool(running.cluster_addresses and running.postgres_role_checked)
 
 
 def _install_services(info: StackInfo) -> dict[str, str]:

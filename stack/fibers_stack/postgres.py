@@ -14,6 +14,8 @@ from fibers_stack.launcher import Launcher
 from fibers_stack.network import NODE_IP, POD_CIDR
 from fibers_stack.process import StackError, free_port, port_open
 
+PASSWORD_CHECKED = "password_checked"  # a role whose members' passwords PostgreSQL checks (pg_hba.conf)
+
 
 def _bindir() -> Path:
     candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
@@ -56,8 +58,12 @@ def start(launcher: Launcher) -> dict[str, str]:
     # Pods reach PostgreSQL from their own addresses; this machine's processes (Connect, tests) from any of
     # its own (`samehost`): through the `postgres` Service, kube-proxy masquerades a host's connection to the
     # first address of the machine, not the node IP.
+    # Members of the role `password_checked` (made by the tests that need it) must give their password; every
+    # other role is trusted.
     with open(data / "pg_hba.conf", "a") as hba:
         for source in ("samehost", POD_CIDR):
+            for database in ("all", "replication"):
+                hba.write(f"host {database} +{PASSWORD_CHECKED} {source} scram-sha-256\n")
             hba.write(f"host all all {source} trust\nhost replication all {source} trust\n")
     port = free_port()
     settings = {
@@ -79,7 +85,10 @@ def start(launcher: Launcher) -> dict[str, str]:
         argv += ["-c", f"{key}={value}"]
     launcher.spawn("postgres", argv, user=user)
     launcher.wait("postgres", lambda: port_open(port) and _accepts(bindir, port), timeout=60)
-    return {"postgres_dsn": f"postgresql://postgres@{NODE_IP}:{port}/postgres"}
+    return {
+        "postgres_dsn": f"postgresql://postgres@{NODE_IP}:{port}/postgres",
+        "postgres_role_checked": PASSWORD_CHECKED,
+    }
 
 
 def _accepts(bindir: Path, port: int) -> bool:

@@ -22,7 +22,16 @@ import fibers_stack as stack
 from fibers.api import ANNOTATION_DELETION_POLICY, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
 from fibers_stack import StackInfo, platform_resources
-from tests.helpers import Resources, debezium_connect, debezium_spec, produce, produce_around, read_topic, wait_for
+from tests.helpers import (
+    Resources,
+    debezium_connect,
+    debezium_spec,
+    drop_slot,
+    produce,
+    produce_around,
+    read_topic,
+    wait_for,
+)
 from tests.integration.conftest import OperatorProcess
 
 pytestmark = pytest.mark.connect
@@ -618,6 +627,48 @@ def test_a_debezium_source_told_to_seek_sends_its_table_again_as_an_incremental_
         again = sorted(r["after"]["id"] for r in rows[5:] if r["op"] == "r")
         assert again == [1, 2, 3, 4, 5]
         assert connects.status(unique)["connectorState"] == "RUNNING"
+
+
+def test_a_rotated_database_password_reaches_the_running_connector(
+    kube: ApiClient, namespace: str, connects: Resources, stack_info: StackInfo, unique: str
+) -> None:
+    """PostgreSQL's password for the connector's role changes, its Secret with it, and the old connections
+    are cut. The operator sees the Secret change (a watch of Secrets' metadata), writes the connector's
+    config again, and Debezium goes on streaming with the new password; an Event names the Secret. Without
+    that the task could not reconnect: PostgreSQL refuses the old password."""
+    role, table = f"rot_{unique.replace('-', '_')}", f"rot_{unique.replace('-', '_')}_t"
+    prefix, checked = f"rot{unique.replace('-', '')}", stack_info.postgres_role_checked
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        pg.execute(f"DO $$ BEGIN CREATE ROLE {checked} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        pg.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'first-pw' IN ROLE {checked}")
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        pg.execute(f"INSERT INTO {table} VALUES (1), (2), (3)")
+    core = client.CoreV1Api(kube)
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name=unique), string_data={"password": "first-pw"})
+    core.create_namespaced_secret(namespace, secret)
+    spec = debezium_spec(stack_info.postgres_dsn, table=table, prefix=prefix, config={"database.user": role})
+    del spec["config"]["database.password"]
+    spec["secretConfig"] = {"database.password": {"secretKeyRef": {"name": unique, "key": "password"}}}
+    connects.create(unique, spec)
+    topic = f"{prefix}.public.{table}"
+    try:
+        connects.wait_condition(unique, "True", "Running", timeout=120)
+        assert len(read_topic(stack_info.kafka_bootstrap, topic, 3)) == 3
+        with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+            pg.execute(f"ALTER ROLE {role} PASSWORD 'second-pw'")
+            core.patch_namespaced_secret(unique, namespace, {"stringData": {"password": "second-pw"}})
+            connects.wait_event(unique, "SecretChanged", timeout=30)
+            pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+            pg.execute(f"INSERT INTO {table} VALUES (4), (5)")
+        rows = [json.loads(v) for v in read_topic(stack_info.kafka_bootstrap, topic, 5, timeout=90)]
+        assert sorted(r["after"]["id"] for r in rows) == [1, 2, 3, 4, 5]
+        connects.wait_condition(unique, "True", "Running", timeout=60)
+        event = connects.wait_event(unique, "SecretChanged")
+        assert f"Secret {unique} changed" in event["message"] and "second-pw" not in json.dumps(event)
+    finally:
+        connects.delete(unique)
+        wait_for(lambda: not connects.exists(unique), timeout=60, what="connector deleted")
+        drop_slot(stack_info.postgres_dsn, prefix)
 
 
 def test_a_replay_whose_step_cannot_seek_stops_there_and_says_what_moved_and_what_did_not(

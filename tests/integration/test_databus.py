@@ -848,3 +848,44 @@ def test_a_seek_told_to_reapply_puts_right_a_view_changed_since_and_never_applie
         what="the replay applied",
     )
     assert {d["_id"]: (d["v"], d["_scn"]) for d in view.find()} == {"1": (2, 2), "2": (1, 1)}
+
+
+def test_a_rotated_mongodb_uri_replaces_the_instances_one_at_a_time_and_loses_nothing(
+    kube: ApiClient, namespace: str, consumers: Resources, cdc: dict[str, Any], stack_info: StackInfo, unique: str
+) -> None:
+    """The Secret with the sink's URI changes (the same server, another appName) while the table takes
+    writes: the operator sees it (a watch of Secrets' metadata), the StatefulSet replaces its pods one at a
+    time to take the new value (pods read it at start only), an Event names the Secret, and the view still
+    equals the table. Without the watch the pods would run on the old value until something else restarted them."""
+    core = client.CoreV1Api(kube)
+    uri = stack_info.mongodb_uri
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name=unique), string_data={"uri": uri})
+    core.create_namespaced_secret(namespace, secret)
+    mongo: MongoClient[dict[str, Any]] = MongoClient(uri)
+    consumers.create(unique, {"sources": [cdc["topic"]], "instances": 2, "sink": mongo_sink(unique, unique, "orders")})
+    consumers.wait_status(unique, lambda s: s.get("readyInstances") == 2, timeout=120, what="two instances ready")
+
+    def pods() -> dict[str, str]:
+        found = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}").items
+        return {p.metadata.name: p.metadata.uid for p in found if p.metadata.deletion_timestamp is None}
+
+    before = pods()
+    rotated = f"{uri}{'&' if '?' in uri else '?'}appName=rotated"
+    core.patch_namespaced_secret(unique, namespace, {"stringData": {"uri": rotated}})
+    with psycopg.connect(stack_info.postgres_dsn, autocommit=True) as pg:
+        mutate(pg, cdc["table"], 10, random.Random(77), start_id=7000)
+        event = consumers.wait_event(unique, "SecretChanged", timeout=30)
+        assert f"Secret {unique} changed" in event["message"] and "appName" not in event["message"]
+        mutate(pg, cdc["table"], 10, random.Random(78), start_id=7100)
+        expected = table_rows(pg, cdc["table"])
+
+    def replaced() -> bool:
+        now = pods()
+        return len(now) == 2 and not set(now.values()) & set(before.values())
+
+    wait_for(replaced, timeout=180, what="both instances replaced")
+    consumers.wait_status(unique, lambda s: s.get("readyInstances") == 2, timeout=120, what="two instances ready again")
+    wait_for(lambda: view_rows(mongo, unique, "orders") == expected, timeout=120, what="the view equals the table")
+    sts = client.AppsV1Api(kube).read_namespaced_stateful_set(unique, namespace)
+    assert sts.spec.update_strategy.type == "RollingUpdate"  # one pod at a time
+    assert rotated not in json.dumps(kube.sanitize_for_serialization(sts))  # a digest, never the value

@@ -18,7 +18,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from fibers_stack import StackInfo
-from tests.helpers import Resources, wait_for
+from tests.helpers import Resources, read_all, wait_for
 from tests.integration.conftest import OperatorProcess
 
 NEVER = "0 0 1 1 *"  # a batch Transform that waits for next New Year: it reports, and runs nothing meanwhile
@@ -159,6 +159,38 @@ def test_downstream_reports_its_failing_connect_and_recovers_with_it(
         assert "upstream:" not in kind.condition(name)["message"]
         assert kind.wait_event(name, "UpstreamRecovered")["type"] == "Normal"
     assert fibers_pipeline(stack_info, unique, "-n", namespace).returncode == 0
+
+    # One word for the whole pipeline: suspended downstream first, resumed upstream first, positions kept.
+    suspend = fibers_pipeline(stack_info, "suspend", unique, "-n", namespace)
+    assert suspend.returncode == 0, suspend.stdout + suspend.stderr
+    order = [line.split()[0].rstrip(":") for line in suspend.stdout.splitlines()[:3]]
+    assert order == [f"DatabusConsumer/{view}", f"Transform/{report}", f"Connect/{src}"]
+    for kind, name in ((connects, src), (consumers, view), (transforms, report)):
+        kind.wait_condition(name, "True", "Suspended", timeout=60)
+    assert consumers.status(view)["readyInstances"] == 0 and connects.status(src)["connectorState"] == "STOPPED"
+    consumed = consumers.status(view).get("windowScn")
+    with source.open("a") as more:
+        more.write("".join(f"line {i}\n" for i in range(6, 10)))  # written while everything is suspended
+    time.sleep(5)
+    assert consumers.status(view).get("windowScn") == consumed  # nothing moved
+    resume = fibers_pipeline(stack_info, "resume", unique, "-n", namespace)
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert [line.split()[0].rstrip(":") for line in resume.stdout.splitlines()[:3]] == list(reversed(order))
+    connects.wait_condition(src, "True", "Running", timeout=60)
+    wait_for(
+        lambda: (
+            {json.loads(v)["id"] for v in read_all(stack_info.kafka_bootstrap, unique)}
+            >= {f"line {i}" for i in range(10)}
+        ),
+        timeout=90,
+        what="the lines written while suspended, sent on resume",
+    )
+    consumers.wait_status(
+        view,
+        lambda s: s.get("lag") == 0 and s.get("eventsProcessed", 0) >= 4 and s.get("windowScn") != consumed,
+        timeout=180,
+        what="the consumer caught up from where it stopped",
+    )
 
 
 def test_a_missing_reference_is_a_condition_and_nothing_runs(

@@ -529,6 +529,44 @@ def test_no_driver_past_the_deadline_fails_the_run(
         core.patch_namespace(namespace, {"metadata": {"labels": {label: "enabled"}}})
 
 
+def test_a_driver_that_cannot_start_is_said_at_once_and_fails_the_run_at_its_deadline_with_why(
+    transforms: Resources, kube: ApiClient, namespace: str, stack_info: StackInfo, unique: str
+) -> None:
+    """Two drivers that will never start: an image that is not in the registry (the kubelet's
+    ErrImagePull / ImagePullBackOff) and one asking for 1,000 CPUs (the scheduler's Unschedulable).
+    Each Transform says so on Ready well before its deadline, with the kubelet's or scheduler's words,
+    and the run then fails naming that reason instead of a bare timeout, and is deleted."""
+    base = {
+        "inputs": [{"name": "x", "files": {"path": f"{DATA}/in.json", "format": "json"}}],
+        "sql": "SELECT 1 AS one",
+        "output": {"files": {"path": f"{DATA}/out", "format": "json"}},
+        "submissionDeadlineSeconds": 45,
+    }
+    no_image, too_big = f"{unique}-img", f"{unique}-cpu"
+    transforms.create(no_image, {**base, "spark": {"image": f"{stack_info.image_registry}/fibers/no-such-job:0"}})
+    transforms.create(too_big, {**base, "spark": {"driver": {"cores": 1000, "coreRequest": "1000"}}})
+    created = time.monotonic()
+
+    def said(name: str, reasons: set[str]) -> dict[str, Any] | None:
+        ready = transforms.condition(name, "Ready") or {}
+        return ready if ready.get("reason") in reasons else None
+
+    pulled = wait_for(lambda: said(no_image, {"ErrImagePull", "ImagePullBackOff"}), timeout=30, what="image error")
+    placed = wait_for(lambda: said(too_big, {"Unschedulable"}), timeout=30, what="unschedulable")
+    print(f"said why within {time.monotonic() - created:.1f}s of creation")
+    assert "no-such-job" in pulled["message"] and "-driver" in pulled["message"]
+    assert "Insufficient cpu" in placed["message"]
+    trouble = transforms.status(too_big)["currentRun"]["podTrouble"]
+    assert trouble["reason"] == "Unschedulable" and trouble["pod"].endswith("-driver")
+
+    for name, words in ((no_image, ("ImagePullBackOff", "ErrImagePull")), (too_big, ("Unschedulable",))):
+        cond = transforms.wait_condition(name, "False", "SubmissionDeadlineExceeded", timeout=120)
+        assert "no driver started within 45s of submission" in cond["message"]
+        assert any(word in cond["message"] for word in words), cond["message"]
+        assert transforms.status(name)["phase"] == "Failed"
+        wait_for(lambda n=name: not spark_apps(kube, namespace, n), timeout=30, what="stuck run deleted")
+
+
 @pytest.fixture
 def webhook_off(kube: ApiClient, stack_info: StackInfo) -> Iterator[None]:
     """The Spark Operator's chart with `webhook.enable=false`, restored afterwards."""

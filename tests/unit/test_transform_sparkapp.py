@@ -461,6 +461,29 @@ def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> 
     assert "does it watch namespace shop" in runs.plan(view, [never_taken_up], NOW).deadline_failed
 
 
+def test_a_pod_that_will_not_start_is_the_runs_ready_and_its_deadline_failure_says_why() -> None:
+    view = TransformView(transform(submissionDeadlineSeconds=60))
+    run = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app_with("SUBMITTED"), {})
+    trouble = {"pod": "orders-report-1a2b3c4d-driver", "reason": "ImagePullBackOff", "message": "Back-off pulling"}
+    said = ready(runs.report(view, {**run, "podTrouble": trouble}, NOW))
+    assert (said["reason"], said["message"]) == (
+        "ImagePullBackOff",
+        "run orders-report-1a2b3c4d: pod orders-report-1a2b3c4d-driver: Back-off pulling",
+    )
+    body = transform(submissionDeadlineSeconds=60)
+    body["status"] = {
+        "currentRun": {
+            "name": "orders-report-1a2b3c4d",
+            "specHash": spec_hash(body["spec"]),
+            "submittedAt": format_time(NOW - timedelta(minutes=2)),
+        }
+    }
+    plan = runs.plan(TransformView(body), [app_with("SUBMITTED")], NOW, "pod d: ImagePullBackOff: Back-off pulling")
+    assert (
+        plan.deadline_failed == "no driver started within 60s of submission: pod d: ImagePullBackOff: Back-off pulling"
+    )
+
+
 # --- the chart -----------------------------------------------------------------------------------
 
 

@@ -100,10 +100,12 @@ exactly these permissions.
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [list, watch, create, delete]
-# Connect: values of spec.secretConfig come from the Secrets it names, read one key at a time.
+# Connect: values of spec.secretConfig come from the Secrets it names, read one key at a time. Secrets
+# are also listed and watched, by their metadata only (no data is asked for, none is kept): a change to
+# one a resource names reaches it (a connector's config written again, a consumer's pods rolled).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, list, watch]
 # Transform: a run's result ConfigMap is read, then deleted with the run.
 # DatabusConsumer: the checkpoint ConfigMap is read to mirror it into status, and deleted on a
 # seek or with the resource when checkpoint.retention is Delete (the consumers write it); the

@@ -24,8 +24,9 @@ from fibers.conditions import READY, Condition
 from fibers.connect import clusters, offsets
 from fibers.connect.reconcile import Key, Target
 from fibers.connect.registry import ConnectClusters
-from fibers.connect.spec import SpecError, parse
+from fibers.connect.spec import KIND, SpecError, parse
 from fibers.kube import Kube, SecretMissing, describe
+from fibers.secret_refs import SecretRefs
 
 log = logging.getLogger("fibers.connect")
 SECRET_REASONS = frozenset({"SecretNotFound", "SecretUnreadable"})  # re-read while they last
@@ -54,9 +55,15 @@ def fingerprint(meta: dict[str, Any]) -> tuple[Any, ...]:
 
 class Intake:
     def __init__(
-        self, kube: Kube, clusters: ConnectClusters, default_cluster: str | None, nudge: Callable[[Target], None]
+        self,
+        kube: Kube,
+        clusters: ConnectClusters,
+        default_cluster: str | None,
+        nudge: Callable[[Target], None],
+        secret_refs: SecretRefs | None = None,
     ) -> None:
         self.kube, self.clusters, self._default_cluster, self._nudge = kube, clusters, default_cluster, nudge
+        self.secret_refs = secret_refs or SecretRefs()  # the Secrets each resource names, for their watch
         self.targets: dict[Key, Target] = {}
         self.seen: dict[Key, tuple[Any, ...]] = {}  # what of each resource's metadata we acted on
 
@@ -75,6 +82,7 @@ class Intake:
         self.seen[target.key] = fingerprint(target.meta)
 
     def forget(self, key: Key) -> None:
+        self.secret_refs.forget(KIND, *key)
         self.targets.pop(key, None)
         self.seen.pop(key, None)
 
@@ -109,6 +117,7 @@ class Intake:
         except offsets.OffsetsInputError as exc:
             target.offsets_problem = str(exc)
         if target.spec:
+            self.secret_refs.note(KIND, namespace, name, {ref.name for ref in target.spec.secret_refs.values()})
             await self.place(target)
             if target.placed:
                 await self.resolve_secrets(target)
@@ -183,6 +192,20 @@ class Intake:
         target.problem = None
         target.secrets = tuple(values.values())
         target.config = target.spec.full_config(values, target.owner)
+
+    async def secret_changed(self, key: Key, secret: str) -> bool:
+        """A Secret the resource names changed (or went): its values read again; whether the config changed
+        (the sync then writes it to Kafka Connect, which restarts the connector once)."""
+        target = self.targets.get(key)
+        if target is None or target.spec is None or target.deleting or not target.placed:
+            return False
+        before = (target.config, target.problem)
+        await self.resolve_secrets(target)
+        if (target.config, target.problem) == before:
+            return False
+        log.info("a Secret the connector uses changed", extra={**target.context, "secret": secret})
+        self._nudge(target)
+        return True
 
     async def resolve_unresolved(self) -> None:
         """Secrets are re-read while missing, so creating the Secret later is enough."""

@@ -359,7 +359,11 @@ def _ready(
             f"applied {', '.join(s.value for s in pending) or 'changes'}; waiting to verify",
             phase=observed.state.capitalize(),
         )
-    phase = {"RUNNING": "Running", "PAUSED": "Paused", "STOPPED": "Stopped"}[desired]
+    phase = (
+        "Suspended"
+        if spec.state == "suspended"
+        else {"RUNNING": "Running", "PAUSED": "Paused", "STOPPED": "Stopped"}[desired]
+    )
     reconciling = paused_note if target.paused else Condition(RECONCILING, False, phase, "")
     return [
         Condition(READY, True, phase, f"connector is {desired}"),

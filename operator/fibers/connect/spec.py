@@ -13,7 +13,8 @@ PLURAL = CONNECT_PLURAL
 KIND = "Connect"
 
 # spec.state → the state Kafka Connect reports once it is reached.
-CONNECT_STATES = {"running": "RUNNING", "paused": "PAUSED", "stopped": "STOPPED"}
+# `suspended` is the word every kind shares (nothing runs, positions kept): a STOPPED connector, offsets kept.
+CONNECT_STATES = {"running": "RUNNING", "paused": "PAUSED", "stopped": "STOPPED", "suspended": "STOPPED"}
 
 
 class SpecError(ValueError):

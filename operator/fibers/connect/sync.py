@@ -39,6 +39,7 @@ from fibers.connect.steps import Steps
 from fibers.kube import Kube, describe
 from fibers.logs import Repeats
 from fibers.redact import redact
+from fibers.secret_refs import SecretRefs
 from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.connect")
@@ -46,14 +47,19 @@ log = logging.getLogger("fibers.connect")
 
 class ConnectSync:
     def __init__(
-        self, kube: Kube, settings: SyncSettings, clusters: ConnectClusters, policy: ConnectPolicy = POLICY
+        self,
+        kube: Kube,
+        settings: SyncSettings,
+        clusters: ConnectClusters,
+        policy: ConnectPolicy = POLICY,
+        secret_refs: SecretRefs | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
         self.policy = policy
         self.clusters = clusters
         clusters.on_change = self._clusters_changed
-        self.intake = Intake(kube, clusters, settings.default_cluster, self.nudge)
+        self.intake = Intake(kube, clusters, settings.default_cluster, self.nudge, secret_refs)
         self.targets = self.intake.targets  # every registered resource (one dict: the pieces read it as it is now)
         self.publisher = Publisher(
             kube, ConnectLineage(settings.lineage, settings.kafka_bootstrap), policy, self.targets
@@ -99,6 +105,14 @@ class ConnectSync:
         if meta.get("deletionTimestamp"):
             self.targets[key].deleting = True
             self._wake.set()
+
+    async def secret_changed(self, namespace: str, name: str, secret: str) -> None:
+        """A Secret the resource names changed: its connector gets the new values (one restart, Kafka
+        Connect's own, when its config is written again); an Event names the Secret, never its value."""
+        if await self.intake.secret_changed((namespace, name), secret):
+            target = self.targets[(namespace, name)]
+            message = f"Secret {secret} changed: the connector's configuration is written again"
+            self.publisher.event(target, "SecretChanged", message)
 
     def _drop(self, key: Key) -> None:
         """The resource is gone from Kubernetes: forget it (its metrics too)."""

@@ -9,26 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from fibers import conditions, metrics, podpolicy, upstream
+from fibers import conditions, metrics, pod_trouble, podpolicy, upstream
 from fibers.api import object_ref
 from fibers.conditions import READY, Condition, format_time, utcnow
-from fibers.databus import instances, owners, report, stats, workload
+from fibers.databus import instances, owners, report, secrets, stats, workload
 from fibers.databus.checkpoint import CheckpointError
 from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.policy import SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
 from fibers.databus.timelines import Checkpoints
 from fibers.databus.workload import PLURAL, seek_position
-from fibers.kube import Kube
+from fibers.kube import Kube, SecretMissing
 from fibers.kubeapi import path
 from fibers.podpolicy import PodPolicy
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
+from fibers.secret_refs import SecretRefs
 from fibers.startfrom import StartFrom, StartFromError
 
 log = logging.getLogger("fibers.databus.operator")
@@ -52,6 +55,7 @@ class Pass:
     problem: str = ""  # why the spec cannot run (InvalidSpec)
     manifest: dict[str, Any] | None = None  # the StatefulSet wanted
     new_status: dict[str, Any] = field(default_factory=dict)
+    trouble_due: datetime | None = None  # when a pod waiting to be placed has waited long enough to say
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -84,8 +88,11 @@ class DatabusReconciler:
         lineage: dict[str, str] | None = None,
         dependents: upstream.Dependents | None = None,
         policy: PodPolicy = podpolicy.OPEN,
+        secret_refs: SecretRefs | None = None,
     ) -> None:
         self.kube = kube
+        self.secret_refs = secret_refs or SecretRefs()  # the Secrets each consumer names, for their watch
+        self._secrets_changed: dict[tuple[str, str], set[str]] = {}  # consumer → Secrets that changed since
         self.policy = policy  # what a spec may ask of its pods (images, ServiceAccounts)
         self.dependents = dependents or upstream.Dependents()  # what each consumer's sourceRefs name
         self.schema_registry = schema_registry  # the operator's default SchemaRegistry (spec.relay.avro)
@@ -124,6 +131,7 @@ class DatabusReconciler:
             self._seek,  # a new spec.seek: stop every instance, drop the checkpoints
             self._resolve_sources,  # sourceRefs → topics (UpstreamReady); a planted Lease (Conflict)
             self._render,  # the configuration and StatefulSet, checked before anything is touched
+            self._secrets,  # a Secret it names changed: the digest of their values, and a rolling restart if it moved
             self._apply_workload,  # create or patch the StatefulSet
             self._observe,  # the status: checkpoints, figures, what the instances say of themselves
             self._publish,  # metrics, the status when it changed, an Event on a phase change
@@ -131,7 +139,8 @@ class DatabusReconciler:
             await step(p)
         # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
         # Everything else it reads (children, sourceRefs) brings it back when it changes.
-        return Again(waiting=bool(p.problem or p.conflict))
+        due = p.trouble_due.timestamp() if p.trouble_due else math.inf
+        return Again(at=due, waiting=bool(p.problem or p.conflict))
 
     async def _read_children(self, p: Pass) -> None:
         p.existing = await self.kube.read(path("apps/v1", "statefulsets", p.namespace, p.name))
@@ -214,6 +223,37 @@ class DatabusReconciler:
         except ValueError as exc:
             p.problem = str(exc)
 
+    def secret_changed(self, namespace: str, name: str, secret: str) -> None:
+        """The watch saw a Secret the consumer names change; its next reconcile reads the values again."""
+        self._secrets_changed.setdefault((namespace, name), set()).add(secret)
+
+    async def _secrets(self, p: Pass) -> None:
+        refs = secrets.referenced(p.spec)
+        self.secret_refs.note(workload.KIND, p.namespace, p.name, {name for name, _ in refs})
+        if p.manifest is None:
+            return
+        changed = self._secrets_changed.pop((p.namespace, p.name), set())
+        recorded = ((p.existing or {}).get("metadata") or {}).get("annotations", {}).get(secrets.HASH)
+        now = None
+        if changed or recorded is None:  # the values are read only when they may have moved
+            now = secrets.digest({ref: await self._secret_value(p.namespace, ref) for ref in refs})
+        digest, template, restart = secrets.digests(p.existing, now)
+        if digest:
+            p.manifest["metadata"].setdefault("annotations", {})[secrets.HASH] = digest
+        if template:
+            p.manifest["spec"]["template"]["metadata"]["annotations"][secrets.HASH] = template
+        if restart:
+            which = ", ".join(sorted(changed)) or "a Secret it names"
+            message = f"Secret {which} changed: the instances are replaced one at a time to take the new value"
+            log.info("secret changed: rolling the instances", extra={**p.context, "secrets": which})
+            self._post(p.body, "SecretChanged", message, False)
+
+    async def _secret_value(self, namespace: str, ref: secrets.SecretKey) -> str | None:
+        try:
+            return await self.kube.secret_value(namespace, *ref)
+        except SecretMissing:
+            return None  # the pod cannot start either; the kubelet says why (CreateContainerConfigError)
+
     async def _apply_workload(self, p: Pass) -> None:
         if p.manifest is not None and not (p.problem or p.conflict):
             await self._apply(p.manifest, p.existing, p.context)
@@ -260,8 +300,14 @@ class DatabusReconciler:
         spec = current.get("spec") or {}
         template = (spec.get("template") or {}).get("metadata", {}).get("annotations") or {}
         wanted = manifest["spec"]["template"]["metadata"]["annotations"]
-        if template != wanted or spec.get("replicas") != manifest["spec"]["replicas"]:
-            patch = {"spec": {"replicas": manifest["spec"]["replicas"], "template": manifest["spec"]["template"]}}
+        digest = (manifest["metadata"].get("annotations") or {}).get(secrets.HASH)
+        recorded = ((current.get("metadata") or {}).get("annotations") or {}).get(secrets.HASH)
+        if template != wanted or spec.get("replicas") != manifest["spec"]["replicas"] or digest != recorded:
+            patch: dict[str, Any] = {
+                "spec": {"replicas": manifest["spec"]["replicas"], "template": manifest["spec"]["template"]}
+            }
+            if digest != recorded:
+                patch["metadata"] = {"annotations": {secrets.HASH: digest}}
             # A strategic merge patch, as kubectl's: the pod template's lists merge by name.
             await self.kube.call(
                 "PATCH",
@@ -339,8 +385,20 @@ class DatabusReconciler:
         if sts and not failure and new["readyInstances"] < int(spec.get("instances", 1)):
             unready = await instances.unready_reasons(pods, sts["metadata"]["uid"])
 
+        trouble = pod_trouble.first(pods, utcnow())
+        p.trouble_due = pod_trouble.due(pods, utcnow())
+        stuck = (trouble.reason, trouble.describe()) if trouble else None
         conds, phase = report.decide(
-            spec, new, p.problem, invalid, failure, waiting, halted=bool(stopped), conflict=p.conflict, unready=unready
+            spec,
+            new,
+            p.problem,
+            invalid,
+            failure,
+            waiting,
+            halted=bool(stopped),
+            conflict=p.conflict,
+            unready=unready,
+            stuck=stuck,
         )
         conds = [*conditions.with_upstream_note(conds, p.health), p.health]
         new["phase"] = phase

@@ -37,6 +37,11 @@ def stopped_instances(annotations: dict[str, str], instances: int) -> str:
     return ""
 
 
+def stopped(spec: dict[str, Any]) -> bool:
+    """No instance is to run: `suspended` (the word every kind shares) or its older alias `stopped`."""
+    return spec.get("state") in ("stopped", "suspended")
+
+
 def decide(
     spec: dict[str, Any],
     status: dict[str, Any],
@@ -48,6 +53,7 @@ def decide(
     halted: bool = False,
     conflict: str = "",
     unready: str = "",
+    stuck: tuple[str, str] | None = None,
 ) -> tuple[list[Condition], str]:
     """The conditions and phase, the first that applies winning: what stops the consumer from running
     (its spec, a name another owns, a checkpoint it cannot read, sources not known), then what its
@@ -60,13 +66,20 @@ def decide(
         return conditions.stalled("CheckpointInvalid", invalid), "Failed"
     if waiting:
         return conditions.waiting("SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
-    if spec.get("state") == "stopped":
-        return conditions.ready("Stopped", "no instance runs; checkpoints are kept"), "Stopped"
+    if stopped(spec):
+        word = "Suspended" if spec.get("state") == "suspended" else "Stopped"
+        if status.get("readyInstances"):  # said once true, not when asked: its instances are still stopping
+            return conditions.waiting("Stopping", f"{status['readyInstances']} instance(s) still stopping"), "Pending"
+        return conditions.ready(word, "no instance runs; checkpoints are kept"), word
     if failure:
         reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
         verb = "stopped and waits to be replaced" if halted else "exited"
         return conditions.waiting(reason, f"an instance {verb}: {failure}"), "Failed"
     wanted = int(spec.get("instances", 1))
+    if stuck:  # a pod that will not start by waiting: the kubelet's or the scheduler's reason and words
+        return conditions.waiting(
+            stuck[0], f"{status['readyInstances']}/{wanted} instances ready; {stuck[1]}"
+        ), "Pending"
     if unready:  # running, but held up (the API server does not take its checkpoints): it says why
         return conditions.waiting(
             "InstancesWaiting", f"{status['readyInstances']}/{wanted} instances ready; {unready}"

@@ -200,7 +200,7 @@ def statefulset(
         "kind": "StatefulSet",
         "metadata": {"name": name, "namespace": meta["namespace"], "labels": labels},
         "spec": {
-            "replicas": 0 if spec.get("state") == "stopped" else int(spec.get("instances", 1)),
+            "replicas": 0 if spec.get("state") in ("stopped", "suspended") else int(spec.get("instances", 1)),
             # Pods start and stop together: a partition waits on its Lease, not on a pod's ordinal turn.
             "podManagementPolicy": "Parallel",
             # A changed template replaces one pod at a time; each ordinal's old pod is gone before its new one starts.

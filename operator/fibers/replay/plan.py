@@ -126,7 +126,7 @@ def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple
         if ready.get("status") != "True" and spec.get("state", "running") == "running":
             return SEEKING, f"moved; {ready.get('reason', 'waiting')}: {ready.get('message', '')}"
         return REPOSITIONED, str(moved.get("message", ""))
-    if kind == "DatabusConsumer" and spec.get("state") == "stopped":
+    if kind == "DatabusConsumer" and spec.get("state") in ("stopped", "suspended"):
         return REPOSITIONED, "stopped: it starts from the new position when it runs again"
     if kind == "Transform" and (status.get("currentRun") or {}).get("trigger") != "seek":
         return SEEKING, "waiting for the run of the seek"

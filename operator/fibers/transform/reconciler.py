@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fibers import metrics, upstream
+from fibers import metrics, pod_trouble, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
 from fibers.conditions import Condition, format_time, parse_time, utcnow
+from fibers.jobs.spec import LABEL_TRANSFORM
 from fibers.kube import Kube
-from fibers.kubeapi import ApiError
+from fibers.kubeapi import ApiError, path
+from fibers.pod_trouble import Trouble
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
@@ -59,6 +61,9 @@ class Pass:
     plan: runs.Plan = field(default_factory=runs.Plan)
     waiting: str = ""  # what the run to start waits for (InputsNotReady)
     mirrored: dict[str, Any] = field(default_factory=dict)  # the current run as its SparkApplication has it
+    trouble: Trouble | None = None  # a pod of the current run that will not start by waiting
+    trouble_run: str = ""  # that run
+    trouble_due: datetime | None = None  # when a pod of it waiting to be placed has waited long enough to say
 
     @property
     def namespace(self) -> str:
@@ -143,6 +148,7 @@ class TransformReconciler:
             return unservable
         for step in (
             self._check,  # the spec and what its inputs reference (InvalidSpec, a cycle, UpstreamReady)
+            self._read_pods,  # the current run's pods, while it runs: one that will not start is said at once
             self._plan,  # which runs to start, delete, suspend or fail (`runs.plan`, pure)
             self._drop_runs,  # delete what the plan drops; record suspended and deadline-failed runs
             self._start_run,  # render the job, write the run into status first, then create it
@@ -151,7 +157,7 @@ class TransformReconciler:
         ):
             await step(p)
         # What changes by itself: the clock (a schedule slot, a deadline) and what waiting inputs wait for.
-        due = runs.next_look(p.view, p.apps, p.now)
+        due = min((t for t in (runs.next_look(p.view, p.apps, p.now), p.trouble_due) if t), default=None)
         return Again(at=due.timestamp() if due else math.inf, waiting=bool(p.waiting))
 
     async def _list_runs(self, p: Pass) -> Again | None:
@@ -183,8 +189,19 @@ class TransformReconciler:
         if event := upstream.transition(view.status.get("conditions"), p.health):
             self._event(view, *event[:2], warning=event[2])
 
+    async def _read_pods(self, p: Pass) -> None:
+        run = p.current.get("name")
+        app = next((a for a in p.apps if a["metadata"]["name"] == run), None)
+        if app is None or sparkapp.finished(app):
+            return
+        selector = f"{LABEL_TRANSFORM}={p.view.name},{sparkapp.APP_LABEL}={run}"
+        pods = await self.kube.items(path("v1", "pods", p.namespace), labelSelector=selector)
+        p.trouble, p.trouble_run = pod_trouble.first(pods, p.now), str(run)
+        p.trouble_due = pod_trouble.due(pods, p.now)
+
     async def _plan(self, p: Pass) -> None:
-        p.plan = runs.Plan() if p.paused or p.invalid else runs.plan(p.view, p.apps, p.now)
+        trouble = p.trouble.describe() if p.trouble else ""
+        p.plan = runs.Plan() if p.paused or p.invalid else runs.plan(p.view, p.apps, p.now, trouble)
 
     async def _drop_runs(self, p: Pass) -> None:
         plan, current = p.plan, p.current
@@ -271,6 +288,10 @@ class TransformReconciler:
             if failed and (message := await self.apps.driver_message(app)):
                 result = {**result, "error": message}
         p.mirrored = runs.mirror_run(current, app, result)
+        if p.trouble is not None and p.mirrored.get("name") == p.trouble_run:
+            p.mirrored["podTrouble"] = {"pod": p.trouble.pod, "reason": p.trouble.reason, "message": p.trouble.message}
+        else:
+            p.mirrored.pop("podTrouble", None)
 
     async def _report(self, p: Pass) -> None:
         p.view = p.view.with_status(p.status)

@@ -116,7 +116,8 @@ def _due_schedule(view: TransformView, now: datetime) -> datetime | None:
     return previous_slot if previous_slot > parse_time(last) else None
 
 
-def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan:
+def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime, trouble: str = "") -> Plan:
+    """What to do with the runs now; `trouble`: why the current run's pods will not start, if they will not."""
     result = Plan()
     spec, current = view.spec, view.current
     by_name = {a["metadata"]["name"]: a for a in apps}
@@ -130,7 +131,7 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime) -> Plan
         return _trim_history(view, apps, result)
 
     if current_app is not None and not finished(current_app) and _past_deadline(view, current_app, now):
-        result.deadline_failed = deadline_message(view, current_app)
+        result.deadline_failed = deadline_message(view, current_app, trouble)
         result.delete.append(current_app["metadata"]["name"])
         return _trim_history(view, apps, result)
 
@@ -213,8 +214,10 @@ def _waiting_since(view: TransformView, app: dict[str, Any]) -> datetime:
     return max(since, parse_time(last_attempt)) if last_attempt else since
 
 
-def deadline_message(view: TransformView, app: dict[str, Any]) -> str:
+def deadline_message(view: TransformView, app: dict[str, Any], trouble: str = "") -> str:
     seconds = _deadline_seconds(view)
+    if trouble:  # the kubelet's word on why, rather than a bare timeout
+        return f"no driver started within {seconds}s of submission: {trouble}"
     state = state_of(app)
     if state == "":
         return (
@@ -355,6 +358,11 @@ def _conditions(
         back = f", {run['streamedBack']} streamed back" if "streamedBack" in run else ""
         records = f": {run['recordsOut']} records{back}" if "recordsOut" in run else ""
         return conditions.ready("Succeeded", f"run {name} completed{records}"), "Succeeded"
+    trouble = run.get("podTrouble") or {}
+    if trouble and state not in FINISHED_OK | FINISHED_FAILED:
+        return conditions.waiting(trouble["reason"], f"run {name}: pod {trouble['pod']}: {trouble['message']}"), (
+            "Running" if state in RUNNING else "Pending"
+        )
     if state in RUNNING:
         executors = _executors_text(run)
         if view.streaming:

@@ -20,7 +20,9 @@ from fibers.watches import Child
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 API = f"{GROUP}/{VERSION}"
-CHILDREN = (Child(API, PLURAL, LABEL_TRANSFORM),)  # watched: a run's change brings its Transform back
+# Watched: a run's change, or one of its pods' (a driver that cannot start), brings its Transform back.
+CHILDREN = (Child(API, PLURAL, LABEL_TRANSFORM), Child("v1", "pods", LABEL_TRANSFORM))
+APP_LABEL = "sparkoperator.k8s.io/app-name"  # the Spark Operator's label on a run's driver and executors
 LABEL_TRIGGER = "fibers.dev/trigger"
 JOB_ENTRY = "local:///opt/fibers/transform_job.py"  # the job image's shim for `python -m fibers.jobs.transform`
 JOB_JARS = "/opt/fibers/jars/*"  # the job image's spark-sql-kafka jars, as a Java class path entry

@@ -1,0 +1,44 @@
+"""Which resources refer to which Secrets, so that a Secret's change reaches them and nothing else.
+
+Each kind notes, whenever it reads a resource's spec, the Secrets that spec names (`note`). The watch of
+Secrets (`watches.SECRETS`: every Secret of the served namespaces, by its metadata only) hands each change
+on, and `referring` answers the resources to look at again; a change to a Secret nobody names costs a
+lookup. The index holds names only, never a value, and no Secret object is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Resource = tuple[str, str, str]  # (kind, namespace, name)
+
+
+class SecretRefs:
+    def __init__(self) -> None:
+        self._by_secret: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (namespace, secret) → {(kind, name)}
+        self._by_resource: dict[Resource, frozenset[str]] = {}
+
+    def note(self, kind: str, namespace: str, name: str, secrets: Iterable[str]) -> None:
+        """The Secrets a resource's spec names now (in its own namespace), replacing what it named before."""
+        key, now = (kind, namespace, name), frozenset(secrets)
+        before = self._by_resource.get(key, frozenset())
+        if now == before:
+            return
+        for secret in before - now:
+            users = self._by_secret.get((namespace, secret), set())
+            users.discard((kind, name))
+            if not users:
+                self._by_secret.pop((namespace, secret), None)
+        for secret in now - before:
+            self._by_secret.setdefault((namespace, secret), set()).add((kind, name))
+        if now:
+            self._by_resource[key] = now
+        else:
+            self._by_resource.pop(key, None)
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        self.note(kind, namespace, name, ())
+
+    def referring(self, namespace: str, secret: str) -> list[tuple[str, str]]:
+        """The resources (kind, name) whose specs name this Secret, in a stable order."""
+        return sorted(self._by_secret.get((namespace, secret), ()))
