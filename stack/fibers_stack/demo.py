@@ -96,10 +96,13 @@ def _helm(info: StackInfo, *args: str, check: bool = True) -> None:
         raise RuntimeError(f"helm {args[0]} failed: {result.stderr.strip()}")
 
 
-def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None:
-    """Remove the previous demo: its resources while its operator still runs, then the operator, then
-    the namespace. Deleting the namespace first would delete the operator's Role in it (namespace
-    deletion takes RBAC first) and leave the resources' finalizers with no one allowed to remove them."""
+def remove(api: client.ApiClient, info: StackInfo, screen: Screen | None = None) -> None:
+    """Remove the demo from the stack (the stack keeps running): its resources while its operator still
+    runs, then the operator, then the namespace; then what its connectors left in Kafka, the registry,
+    PostgreSQL (replication slots, publications) and MongoDB. Deleting the namespace first would delete the
+    operator's Role in it (namespace deletion takes RBAC first) and leave the resources' finalizers with no
+    one allowed to remove them. The suite removes the demo after its test: its streaming job would
+    otherwise take a CPU's worth from every test after it."""
     core = client.CoreV1Api(api)
     try:
         core.read_namespace(NAMESPACE)
@@ -107,7 +110,8 @@ def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None
         if exc.status != 404:
             raise
     else:
-        screen.step(f"removing the previous demo (namespace {NAMESPACE})")
+        if screen is not None:
+            screen.step(f"removing the previous demo (namespace {NAMESPACE})")
         _delete_resources(api)
         _helm(info, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", check=False)
         core.delete_namespace(NAMESPACE)
@@ -134,14 +138,20 @@ def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None
                 pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             pg.execute(f"DROP PUBLICATION IF EXISTS {slot}")
         pg.execute("DROP TABLE IF EXISTS orders")
-        pg.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int, price double precision)")
-        pg.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
-        for i in range(20):
-            pg.execute("INSERT INTO orders VALUES (%s, %s, %s, %s)", (i, f"item{i % 5}", 1 + i % 3, 9.5))
     mongo: MongoClient[dict[str, Any]] = MongoClient(info.mongodb_uri)
     mongo.drop_database("shop")
     mongo.drop_database("shop_store")
     shutil.rmtree(DATA_DIR, ignore_errors=True)
+
+
+def _clean_slate(api: client.ApiClient, info: StackInfo, screen: Screen) -> None:
+    """The previous demo removed, and the table and the pods' data directory made afresh."""
+    remove(api, info, screen)
+    with psycopg.connect(info.postgres_dsn, autocommit=True) as pg:
+        pg.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int, price double precision)")
+        pg.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
+        for i in range(20):
+            pg.execute("INSERT INTO orders VALUES (%s, %s, %s, %s)", (i, f"item{i % 5}", 1 + i % 3, 9.5))
     for sub in ("checkpoints", "reports"):
         (DATA_DIR / sub).mkdir(parents=True)
     for path in (DATA_DIR, DATA_DIR / "checkpoints", DATA_DIR / "reports"):

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -20,10 +21,18 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from pymongo import MongoClient
 
-from fibers_stack import StackInfo, prometheus
+from fibers_stack import StackInfo, demo, prometheus
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.demo
+
+
+@pytest.fixture(autouse=True, scope="module")
+def removed_afterwards(stack_info: StackInfo, kube: ApiClient) -> Iterator[None]:
+    """The demo leaves its pipeline running for whoever ran it; here it goes once checked, or its streaming
+    job and consumers would take a CPU's worth from every test after this one."""
+    yield
+    demo.remove(kube, stack_info)
 
 
 def _demo(stack_info: StackInfo) -> subprocess.CompletedProcess[str]:

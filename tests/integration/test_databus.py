@@ -29,6 +29,7 @@ from kubernetes.client import ApiClient
 from prometheus_client.parser import text_string_to_metric_families
 from pymongo import MongoClient
 
+from fibers import conditions
 from fibers.consumer.events import decode
 from fibers.consumer.ownership import lease_name
 from fibers.databus.checkpoint import Checkpoint
@@ -863,7 +864,18 @@ def test_a_rotated_mongodb_uri_replaces_the_instances_one_at_a_time_and_loses_no
     core.create_namespaced_secret(namespace, secret)
     mongo: MongoClient[dict[str, Any]] = MongoClient(uri)
     consumers.create(unique, {"sources": [cdc["topic"]], "instances": 2, "sink": mongo_sink(unique, unique, "orders")})
-    consumers.wait_status(unique, lambda s: s.get("readyInstances") == 2, timeout=120, what="two instances ready")
+
+    seen: list[str] = []  # what Ready said on the way, shown if it never gets there
+
+    def both_ready(s: dict[str, Any]) -> bool:
+        ready = conditions.find(s.get("conditions"), "Ready") or {}
+        said = f"{s.get('readyInstances')} ready: {ready.get('reason')}: {ready.get('message')}"
+        if not seen or seen[-1] != said:
+            seen.append(said)
+            print(f"{time.strftime('%T')} {said}")
+        return s.get("readyInstances") == 2
+
+    consumers.wait_status(unique, both_ready, timeout=180, what="two instances ready")
 
     def pods() -> dict[str, str]:
         found = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}").items
@@ -884,7 +896,7 @@ def test_a_rotated_mongodb_uri_replaces_the_instances_one_at_a_time_and_loses_no
         return len(now) == 2 and not set(now.values()) & set(before.values())
 
     wait_for(replaced, timeout=180, what="both instances replaced")
-    consumers.wait_status(unique, lambda s: s.get("readyInstances") == 2, timeout=120, what="two instances ready again")
+    consumers.wait_status(unique, both_ready, timeout=180, what="two instances ready again")
     wait_for(lambda: view_rows(mongo, unique, "orders") == expected, timeout=120, what="the view equals the table")
     sts = client.AppsV1Api(kube).read_namespaced_stateful_set(unique, namespace)
     assert sts.spec.update_strategy.type == "RollingUpdate"  # one pod at a time

@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from fibers.consumer.mongo_servers import FEW_REPLACES
 from fibers_stack import StackInfo
 from tests.helpers import Resources, read_all, wait_for
 from tests.integration.conftest import OperatorProcess
@@ -292,7 +293,8 @@ def test_a_pipeline_replayed_from_a_time_recomputes_and_puts_its_view_right_from
     """A Transform and a DatabusConsumer reading one topic, records on both sides of T. The view is then
     "corrupted" (a callback's bug, a hand edit): `fibers replay` from T with sinks reapply runs the Transform
     again over the records since T and puts right the documents those records wrote, in order, and says so
-    step by step; the document last written before T is left as it was (the replay starts at T)."""
+    step by step; the document last written before T is left as it was (the replay starts at T). More
+    documents are put right than FerretDB's sink replaces one by one (mongo_servers.FEW_REPLACES)."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -302,7 +304,8 @@ def test_a_pipeline_replayed_from_a_time_recomputes_and_puts_its_view_right_from
     admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
     t = int(time.time() * 1000) - 60_000
     producer = Producer({"bootstrap.servers": stack_info.kafka_bootstrap})
-    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(6)]):
+    since_t = FEW_REPLACES + 4
+    for i, stamp in enumerate([t - 30_000 + i for i in range(4)] + [t + 1_000 * i for i in range(since_t)]):
         producer.produce(unique, key=str(i).encode(), value=json.dumps({"id": i, "v": i}).encode(), timestamp=stamp)
     assert producer.flush(30) == 0
     labels = {"fibers.dev/pipeline": unique}
@@ -325,21 +328,21 @@ def test_a_pipeline_replayed_from_a_time_recomputes_and_puts_its_view_right_from
     earlier = {"nonce": "by-hand", "to": "earliest"}
     consumers.create(f"{unique}-view", {"sources": [unique], "sink": sink, "seek": earlier}, labels=labels)
     transforms.wait_condition(f"{unique}-agg", "True", "Succeeded", timeout=300)
-    consumers.wait_status(f"{unique}-view", lambda s: s.get("windowScn") == 9, timeout=180, what="the view")
+    consumers.wait_status(f"{unique}-view", lambda s: s.get("windowScn") == 3 + since_t, timeout=180, what="the view")
     view = mongo[unique]["view"]
     view.update_many({}, {"$set": {"v": -1}})  # every document wrong, its SCN kept
 
     done = fibers_replay(stack_info, unique, "--from", format_time(t), "-n", namespace, "--sinks", "reapply")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (  # each counts the six records since T it reads again
-        f"Transform/{unique}-agg: Repositioned (6 records)" in done.stdout
-        and f"DatabusConsumer/{unique}-view: Repositioned (6 records)" in done.stdout
+    assert (  # each counts the records since T it reads again
+        f"Transform/{unique}-agg: Repositioned ({since_t} records)" in done.stdout
+        and f"DatabusConsumer/{unique}-view: Repositioned ({since_t} records)" in done.stdout
     ), done.stdout
     assert done.stdout.index("Transform/") < done.stdout.index("DatabusConsumer/")  # the order data flows
-    assert transforms.status(f"{unique}-agg")["currentRun"]["recordsOut"] == 6  # re-computed from T
+    assert transforms.status(f"{unique}-agg")["currentRun"]["recordsOut"] == since_t  # re-computed from T
 
     def view_right_from_t() -> bool:
-        return {d["_id"]: d["v"] for d in view.find()} == {str(i): (i if i >= 4 else -1) for i in range(10)}
+        return {d["_id"]: d["v"] for d in view.find()} == {str(i): (i if i >= 4 else -1) for i in range(4 + since_t)}
 
     wait_for(view_right_from_t, timeout=120, what="the documents written since T put right")
 

@@ -540,7 +540,9 @@ def test_a_driver_that_cannot_start_is_said_at_once_and_fails_the_run_at_its_dea
         "inputs": [{"name": "x", "files": {"path": f"{DATA}/in.json", "format": "json"}}],
         "sql": "SELECT 1 AS one",
         "output": {"files": {"path": f"{DATA}/out", "format": "json"}},
-        "submissionDeadlineSeconds": 45,
+        # Past the driver pod's creation (the Spark Operator's spark-submit, slower on a loaded machine) and
+        # the 10 s an unschedulable pod is given: the deadline's message then has the reason to name.
+        "submissionDeadlineSeconds": 60,
     }
     no_image, too_big = f"{unique}-img", f"{unique}-cpu"
     transforms.create(no_image, {**base, "spark": {"image": f"{stack_info.image_registry}/fibers/no-such-job:0"}})
@@ -551,8 +553,8 @@ def test_a_driver_that_cannot_start_is_said_at_once_and_fails_the_run_at_its_dea
         ready = transforms.condition(name, "Ready") or {}
         return ready if ready.get("reason") in reasons else None
 
-    pulled = wait_for(lambda: said(no_image, {"ErrImagePull", "ImagePullBackOff"}), timeout=30, what="image error")
-    placed = wait_for(lambda: said(too_big, {"Unschedulable"}), timeout=30, what="unschedulable")
+    pulled = wait_for(lambda: said(no_image, {"ErrImagePull", "ImagePullBackOff"}), timeout=55, what="image error")
+    placed = wait_for(lambda: said(too_big, {"Unschedulable"}), timeout=55, what="unschedulable")
     print(f"said why within {time.monotonic() - created:.1f}s of creation")
     assert "no-such-job" in pulled["message"] and "-driver" in pulled["message"]
     assert "Insufficient cpu" in placed["message"]
@@ -561,7 +563,7 @@ def test_a_driver_that_cannot_start_is_said_at_once_and_fails_the_run_at_its_dea
 
     for name, words in ((no_image, ("ImagePullBackOff", "ErrImagePull")), (too_big, ("Unschedulable",))):
         cond = transforms.wait_condition(name, "False", "SubmissionDeadlineExceeded", timeout=120)
-        assert "no driver started within 45s of submission" in cond["message"]
+        assert "no driver started within 60s of submission" in cond["message"]
         assert any(word in cond["message"] for word in words), cond["message"]
         assert transforms.status(name)["phase"] == "Failed"
         wait_for(lambda n=name: not spark_apps(kube, namespace, n), timeout=30, what="stuck run deleted")

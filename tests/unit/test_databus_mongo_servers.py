@@ -13,6 +13,7 @@ from fibers.consumer.events import ChangeEvent
 from fibers.consumer.mongo_servers import (
     DUPLICATE_KEY,
     FERRETDB_SQLITE,
+    FEW_REPLACES,
     MONGODB,
     Stored,
     Write,
@@ -112,6 +113,25 @@ def test_ferretdb_writes_by_what_is_known_in_chunks() -> None:
         InsertOne({"_id": "new", "_scn": 5}),
         ReplaceOne({"_id": "old"}, {"_scn": 5}, upsert=True),
         DeleteOne({"_id": "there"}),  # the delete of an absent row sends nothing
+    ]
+
+
+def test_ferretdb_replaces_many_documents_with_one_delete_and_inserts() -> None:
+    """A replace is a scan of the collection there: past FEW_REPLACES, the stored ones go in one delete."""
+    collection = FakeCollection()
+    deleted: list[dict[str, Any]] = []
+    collection.delete_many = deleted.append  # type: ignore[attr-defined]
+    count = FEW_REPLACES + 1
+    known = {f"k{i}": Stored(1, True) for i in range(count)} | {"new": Stored(-1, False), "gone": Stored(1, True)}
+    writes = [Write(f"k{i}", 5, {"_scn": 5}) for i in range(count)] + [
+        Write("new", 5, {"_scn": 5}),
+        Write("gone", 5, None),
+    ]
+    FERRETDB_SQLITE.write(collection, writes, known)
+    assert deleted == [{"_id": {"$in": [f"k{i}" for i in range(count)] + ["gone"]}}]
+    [(operations, _)] = collection.bulks
+    assert operations == [InsertOne({"_id": f"k{i}", "_scn": 5}) for i in range(count)] + [
+        InsertOne({"_id": "new", "_scn": 5})
     ]
 
 

@@ -5,8 +5,9 @@ hold; an adapter here decides how those changes are sent so that none of them ov
 document. The servers differ enough to want different ways:
 
   FerretDBOnSQLite  FerretDB v1 on SQLite (the local stack's server): insert first, read only the keys
-                    that exist, write in small bulks. Every update or delete, and every read of an
-                    absent `_id`, is a scan of the whole collection there.
+                    that exist, write in small bulks, many replaces as one delete and inserts. Every
+                    update or delete, and every read of an absent `_id`, is a scan of the whole
+                    collection there.
   PlainMongoDB      MongoDB itself: one bulk of guarded upserts and deletes per batch, no reads; its
                     `_id` index answers every filter.
 
@@ -27,6 +28,7 @@ from fibers.mongodb import BULK_LIMIT
 
 DUPLICATE_KEY = 11000  # MongoDB's error code for a write of an _id that exists
 FEW_KEYS = 8  # FerretDB: unknown keys read one by one; more are read with one $in query (one scan for the lot)
+FEW_REPLACES = 8  # FerretDB: documents replaced one by one (a scan each); more are deleted at once and inserted
 
 
 class Write(NamedTuple):
@@ -174,6 +176,10 @@ class FerretDBOnSQLite:
         self, collection: Any, writes: list[Write], known: Mapping[str, Stored], *, reapply: bool = False
     ) -> None:
         """Unguarded writes, chosen by what `known` says (it knows every key once `learn` has run)."""
+        present = [w.key for w in writes if known[w.key].exists]
+        if len(present) > FEW_REPLACES:
+            self._delete_then_insert(collection, writes, present)
+            return
         operations: list[Any] = []
         for write in writes:
             exists = known[write.key].exists
@@ -185,6 +191,16 @@ class FerretDBOnSQLite:
             else:
                 operations.append(InsertOne({"_id": write.key, **write.document}))
         self.bulk_write(collection, operations)
+
+    def _delete_then_insert(self, collection: Any, writes: list[Write], present: list[str]) -> None:
+        """Many stored documents changed at once (a window of updates, a replay told to re-apply): one
+        delete of them all (one scan), then inserts, instead of a scan per replace (a replayed window of
+        ten thousand took minutes, past a callback's timeout). For that moment a reader of the view does
+        not see them; if the inserts fail, the caller forgets what it knew, the window is not
+        checkpointed and its redelivery inserts them again (they are absent then)."""
+        collection.delete_many({"_id": {"$in": present}})
+        inserts = [InsertOne({"_id": w.key, **w.document}) for w in writes if w.document is not None]
+        self.bulk_write(collection, inserts)
 
     def bulk_write(self, collection: Any, operations: list[Any], *, ordered: bool = True) -> None:
         bulk_write(collection, operations, ordered=ordered)
