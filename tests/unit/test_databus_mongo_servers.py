@@ -13,7 +13,6 @@ from fibers.consumer.events import ChangeEvent
 from fibers.consumer.mongo_servers import (
     DUPLICATE_KEY,
     FERRETDB_SQLITE,
-    FEW_KEYS,
     FEW_REPLACES,
     MONGODB,
     Stored,
@@ -134,26 +133,6 @@ def test_ferretdb_replaces_many_documents_with_one_delete_and_inserts() -> None:
     assert operations == [InsertOne({"_id": f"k{i}", "_scn": 5}) for i in range(count)] + [
         InsertOne({"_id": "new", "_scn": 5})
     ]
-
-
-def test_ferretdb_reads_keys_it_found_stored_by_their_id_not_with_one_in_query() -> None:
-    """A replayed window's inserts all fail as duplicates: those keys are stored, and FerretDB finds a
-    stored `_id` from its index, where an `$in` query scans the whole collection."""
-    count = FEW_KEYS + 4
-    collection = FakeCollection(fail=bulk_error(*[DUPLICATE_KEY] * count))
-    read_one: list[str] = []
-    queried: list[Any] = []
-
-    def find_one(query: dict[str, Any], projection: dict[str, int]) -> dict[str, Any]:
-        read_one.append(query["_id"])
-        return {"_id": query["_id"], "_scn": 3}
-
-    collection.find_one = find_one  # type: ignore[attr-defined]
-    collection.find = lambda query, projection: queried.append(query) or []  # type: ignore[attr-defined]
-    writes = [Write(f"k{i}", 5, {"_scn": 5}) for i in range(count)]
-    learnt = FERRETDB_SQLITE.learn(collection, writes)
-    assert read_one == [f"k{i}" for i in range(count)] and queried == []
-    assert learnt == {f"k{i}": Stored(3, True) for i in range(count)}
 
 
 class FakeServer:
