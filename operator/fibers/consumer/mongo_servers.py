@@ -6,8 +6,8 @@ document. The servers differ enough to want different ways:
 
   FerretDBOnSQLite  FerretDB v1 on SQLite (the local stack's server): insert first, read only the keys
                     that exist, write in small bulks, many replaces as one delete and inserts. Every
-                    update or delete, and every read of an absent `_id`, is a scan of the whole
-                    collection there.
+                    update, delete and read by `_id` scans the collection there (a read stops at
+                    the key); only an insert of a new `_id` is cheap.
   PlainMongoDB      MongoDB itself: one bulk of guarded upserts and deletes per batch, no reads; its
                     `_id` index answers every filter.
 
@@ -124,14 +124,15 @@ def bulk_write(collection: Any, operations: list[Any], *, ordered: bool = True) 
 class FerretDBOnSQLite:
     """For FerretDB v1 on its SQLite backend: the local stack's server, and the one the tests run on.
 
-    SQLite gives FerretDB an index only for finding a present `_id`: every update or delete, and every
-    read of an absent `_id`, scans the whole collection, and a bulk replacing ~100 existing documents
-    never answers. So keys are learnt the cheap way and remembered by the caller: a key not
-    remembered is first inserted as a new row (an insert never overwrites; one of a key that exists
-    fails and that key is read), an insert serves every key known to be absent, a delete is sent only
-    for a document that exists, and bulks stay at BULK_LIMIT. The caller's memory is what makes the
-    writes safe without a guard in their filters, so this is correct only for a writer that owns its
-    keys (one consumer per partition). It works on any MongoDB-protocol server, only slower than needed.
+    There every update, delete and read by `_id` scans the collection (a read stops at the key it finds:
+    27 ms at 10 k documents, 401 ms at 100 k, for a key in the middle), only an insert of a new `_id` is
+    cheap (its uniqueness check is indexed), and a bulk replacing ~100 existing documents never answers.
+    So keys are learnt the cheap way and remembered by the caller: a key not remembered is first inserted
+    as a new row (an insert never overwrites; one of a key that exists fails and that key is read), an
+    insert serves every key known to be absent, a delete is sent only for a document that exists, and
+    bulks stay at BULK_LIMIT. The caller's memory is what makes the writes safe without a guard in their
+    filters, so this is correct only for a writer that owns its keys (one consumer per partition). It
+    works on any MongoDB-protocol server, only slower than needed.
     """
 
     name = "ferretdb-sqlite"
