@@ -133,6 +133,17 @@ class OperatorProcess:
 
 
 @pytest.fixture(scope="module")
+def lineage_topic(namespace: str) -> str:
+    """The Kafka topic a module's operator sends its OpenLineage events to, when the module turns them on."""
+    return f"lineage-{namespace}"
+
+
+def lineage_env(topic: str) -> dict[str, str]:
+    """The operator's environment for OpenLineage events on `topic` (a module's `operator_env`)."""
+    return {"FIBERS_LINEAGE_TOPIC": topic, "FIBERS_LINEAGE_NAMESPACE": "fibers-test"}
+
+
+@pytest.fixture(scope="module")
 def operator_env() -> dict[str, str]:
     """More environment for this module's operator (a module overrides this fixture to turn features on)."""
     return {}

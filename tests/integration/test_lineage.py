@@ -12,19 +12,14 @@ from pymongo import MongoClient
 
 from fibers_stack import StackInfo
 from tests.helpers import Resources, lineage_events, produce_around, wait_for
-from tests.integration.conftest import OperatorProcess
+from tests.integration.conftest import OperatorProcess, lineage_env
 
 pytestmark = pytest.mark.connect
 
 
 @pytest.fixture(scope="module")
-def lineage_topic(namespace: str) -> str:
-    return f"lineage-{namespace}"
-
-
-@pytest.fixture(scope="module")
 def operator_env(lineage_topic: str) -> dict[str, str]:
-    return {"FIBERS_LINEAGE_TOPIC": lineage_topic, "FIBERS_LINEAGE_NAMESPACE": "fibers-test"}
+    return lineage_env(lineage_topic)
 
 
 def test_a_connector_run_starts_when_ready_and_completes_when_deleted_and_the_history_keeps_it(

@@ -114,11 +114,6 @@ def events_about(resources: Resources, name: str) -> list[client.CoreV1Event]:
 
 
 @pytest.fixture(scope="module")
-def lineage_topic(namespace: str) -> str:
-    return f"lineage-{namespace}"
-
-
-@pytest.fixture(scope="module")
 def operator_env(lineage_topic: str) -> dict[str, str]:
     """Lineage on: the events name MongoDB datasets, and a FAIL event carries the error."""
     return {"FIBERS_LINEAGE_TOPIC": lineage_topic}

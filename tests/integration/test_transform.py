@@ -27,7 +27,7 @@ from fibers.kube import Kube
 from fibers.transform.sparkapp import SparkApplications
 from fibers_stack import StackInfo, spark_operator
 from tests.helpers import Resources, lineage_events, produce, read_topic, spark_apps, wait_for
-from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess
+from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess, lineage_env
 
 pytestmark = pytest.mark.transform
 
@@ -37,14 +37,9 @@ KEEP_EXECUTORS = {"spark.kubernetes.executor.deleteOnTermination": "false"}  # t
 
 
 @pytest.fixture(scope="module")
-def lineage_topic(namespace: str) -> str:
-    return f"lineage-{namespace}"
-
-
-@pytest.fixture(scope="module")
 def operator_env(lineage_topic: str) -> dict[str, str]:
     """Every run here also reports its OpenLineage events (checked beside the run they describe)."""
-    return {"FIBERS_LINEAGE_TOPIC": lineage_topic, "FIBERS_LINEAGE_NAMESPACE": "fibers-test"}
+    return lineage_env(lineage_topic)
 
 
 @pytest.fixture(scope="module")

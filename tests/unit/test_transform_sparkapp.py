@@ -437,16 +437,22 @@ def test_running_reports_driver_attempts_and_executors() -> None:
     assert "waiting for the Spark Operator" in ready(runs.report(view, fresh, NOW))["message"]
 
 
-def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> None:
-    """The Spark Operator names driverInfo.podName when it submits, long before the driver runs."""
+def submitted_run(ago: timedelta) -> dict[str, Any]:
+    """A Transform with a 60 s submission deadline whose current run was submitted `ago`."""
     body = transform(submissionDeadlineSeconds=60)
     body["status"] = {
         "currentRun": {
             "name": "orders-report-1a2b3c4d",
             "specHash": spec_hash(body["spec"]),
-            "submittedAt": format_time(NOW - timedelta(minutes=10)),
+            "submittedAt": format_time(NOW - ago),
         }
     }
+    return body
+
+
+def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> None:
+    """The Spark Operator names driverInfo.podName when it submits, long before the driver runs."""
+    body = submitted_run(ago=timedelta(minutes=10))
     view = TransformView(body)
     pending = app_with("SUBMITTED")  # driver pod named and pending for 9 minutes
     plan = runs.plan(view, [pending], NOW)
@@ -470,14 +476,7 @@ def test_a_pod_that_will_not_start_is_the_runs_ready_and_its_deadline_failure_sa
         "ImagePullBackOff",
         "run orders-report-1a2b3c4d: pod orders-report-1a2b3c4d-driver: Back-off pulling",
     )
-    body = transform(submissionDeadlineSeconds=60)
-    body["status"] = {
-        "currentRun": {
-            "name": "orders-report-1a2b3c4d",
-            "specHash": spec_hash(body["spec"]),
-            "submittedAt": format_time(NOW - timedelta(minutes=2)),
-        }
-    }
+    body = submitted_run(ago=timedelta(minutes=2))
     plan = runs.plan(TransformView(body), [app_with("SUBMITTED")], NOW, "pod d: ImagePullBackOff: Back-off pulling")
     assert (
         plan.deadline_failed == "no driver started within 60s of submission: pod d: ImagePullBackOff: Back-off pulling"
