@@ -36,7 +36,14 @@ from bench.machine import Run, operator_process, say, wait
 from fibers_stack import crds, namespaces, platform_resources
 
 GROUP, VERSION = "fibers.dev", "v1beta1"
-STEP_TIMEOUT = 900.0  # a step that has not read everything in this long has failed the run
+STEP_TIMEOUT = 900.0  # a step that has not read everything in this long has failed the run...
+STEP_SECONDS_PER_1000 = 60.0  # ...or in this long per thousand records, if longer: on FerretDB-on-SQLite a
+# re-applied record costs a scan of the collection (every $in filter is documents x keys there), so a
+# 100 k replay needs far more than 900 s; MongoDB's _id index does not
+
+
+def step_timeout(size: int) -> float:
+    return max(STEP_TIMEOUT, size / 1000 * STEP_SECONDS_PER_1000)
 
 
 class Pipeline:
@@ -94,7 +101,11 @@ class Pipeline:
         name = f"{self.name}-again"
         spec = {"pipeline": self.name, "startFrom": {"position": "earliest"}, "sinks": "reapply"}
         self._create("replays", name, spec, {})
-        wait(lambda: self._status("replays", name).get("phase") in ("Succeeded", "Failed"), STEP_TIMEOUT, "the Replay")
+        wait(
+            lambda: self._status("replays", name).get("phase") in ("Succeeded", "Failed"),
+            step_timeout(self.size),
+            "the Replay",
+        )
         status = self._status("replays", name)
         if status["phase"] != "Succeeded":
             raise RuntimeError(f"the Replay failed: {status.get('conditions')}")
@@ -110,9 +121,13 @@ class Pipeline:
         def file_lines() -> int:
             return sum(1 for _ in self.file.open()) if self.file.exists() else 0
 
-        wait(transform_done, STEP_TIMEOUT, "the Transform's run")
-        wait(lambda: consumed(self.core, self.namespace, f"{self.name}-view") >= self.size, STEP_TIMEOUT, "the view")
-        wait(lambda: file_lines() >= lines, STEP_TIMEOUT, "the file sink")
+        wait(transform_done, step_timeout(self.size), "the Transform's run")
+        wait(
+            lambda: consumed(self.core, self.namespace, f"{self.name}-view") >= self.size,
+            step_timeout(self.size),
+            "the view",
+        )
+        wait(lambda: file_lines() >= lines, step_timeout(self.size), "the file sink")
 
     def delete(self) -> None:
         for plural, name in (

@@ -113,7 +113,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.schemas_task = asyncio.create_task(memo.schemas.run(), name="schema-registries")
     defaults = config.transform
     reconciles = memo.reconciles = Reconciles(config.pacing)
-    memo.transform = TransformReconciler(kube, defaults, reconciles.dependents)
+    memo.transform = TransformReconciler(kube, defaults, reconciles.dependents, secret_refs)
     memo.databus = DatabusReconciler(
         kube,
         kafka_bootstrap=defaults.kafka_bootstrap,
@@ -142,7 +142,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         for child in children:
             memo.watches.add(child, _owner_changed(reconciles, kind, delay))
     # Every Secret of the served namespaces, by its metadata only: a change reaches the resources naming it.
-    memo.watches.add(SECRETS, _secret_changed(memo.connect, memo.databus, secret_refs, reconciles))
+    memo.watches.add(
+        SECRETS,
+        _secret_changed(memo, secret_refs, reconciles),
+    )
     readiness: Readiness = memo.readiness
     readiness.gate(memo.watches.unanswered)
     readiness.gate(_keeping_up(reconciles, readiness.policy.queue_lag_seconds))
@@ -178,20 +181,31 @@ def _listing(kube: Kube, scope: Scope) -> Callable[[str], Awaitable[set[tuple[st
     return listing
 
 
-def _secret_changed(
-    connect: ConnectSync, databus: DatabusReconciler, refs: SecretRefs, reconciles: Reconciles
-) -> Callable[[str, str], None]:
-    """A Secret changed (its metadata seen by the watch): the resources naming it look at it again."""
+def _secret_changed(memo: kopf.Memo, refs: SecretRefs, reconciles: Reconciles) -> Callable[[str, str], None]:
+    """A Secret changed (its metadata seen by the watch): the resources naming it look at it again, and
+    the ConnectClusters and SchemaRegistries naming it (a few, each checks its own spec) read it again."""
     started: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+    connect: ConnectSync = memo.connect
+    clusters: ConnectClusters = memo.connect_clusters
+    schemas: SchemaOperator = memo.schemas
+    receivers: dict[str, DatabusReconciler | TransformReconciler] = {
+        DATABUS_KIND: memo.databus,
+        TRANSFORM_KIND: memo.transform,
+    }
+
+    def start(work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        started.add(task)
+        task.add_done_callback(started.discard)
 
     def changed(namespace: str, secret: str) -> None:
+        start(clusters.secret_changed(namespace, secret))
+        start(schemas.secret_changed(namespace, secret))
         for kind, name in refs.referring(namespace, secret):
             if kind == CONNECT_KIND:
-                task = asyncio.create_task(connect.secret_changed(namespace, name, secret))
-                started.add(task)
-                task.add_done_callback(started.discard)
-            elif kind == DATABUS_KIND:
-                databus.secret_changed(namespace, name, secret)
+                start(connect.secret_changed(namespace, name, secret))
+            elif receiver := receivers.get(kind):
+                receiver.secret_changed(namespace, name, secret)
                 reconciles.nudge(kind, namespace, name, 0.0)
 
     return changed

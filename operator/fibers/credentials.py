@@ -41,6 +41,12 @@ class HttpAuth:
     insecure_skip_verify: bool = False
 
 
+def named(auth: HttpAuth) -> frozenset[tuple[str, str]]:
+    """The Secrets (namespace, name) the blocks name: a change to one of them is a change of credentials."""
+    keys = (auth.basic_user, auth.basic_password, auth.bearer_token, auth.ca)
+    return frozenset((k.namespace, k.name) for k in keys if k is not None)
+
+
 def parse_http_auth(spec: Mapping[str, Any]) -> HttpAuth:
     """The `auth` and `tls` blocks of a spec (the CRD schema has checked their shape)."""
     auth, tls = spec.get("auth") or {}, spec.get("tls") or {}

@@ -8,9 +8,20 @@ lookup. The index holds names only, never a value, and no Secret object is kept.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 Resource = tuple[str, str, str]  # (kind, namespace, name)
+SecretKey = tuple[str, str]  # (Secret name, key)
+
+
+def digest(values: dict[SecretKey, str | None]) -> str:
+    """A digest of Secret values (None: not there), never reversible to them: what a resource records to
+    tell, when a Secret it names changes, whether the values it runs with moved."""
+    h = hashlib.sha256()
+    for (name, key), value in sorted(values.items()):
+        h.update(f"{name}\0{key}\0{'-' if value is None else '+' + value}\0".encode())
+    return h.hexdigest()[:16]
 
 
 class SecretRefs:

@@ -27,6 +27,8 @@ from fibers_stack.layout import (
     helm_version,
     kube_score_bin,
     kube_score_version,
+    kueue_bin,
+    kueue_version,
     prometheus_operator_crds,
     tools_dir,
     versions,
@@ -276,6 +278,16 @@ def argocd() -> Path:
     return binary
 
 
+def kueue() -> Path:
+    """Kueue's manager (sigs.k8s.io/kueue/cmd/kueue), built from the recipe's module with Kueue's own
+    versions (it has no replace directives): about 1,400 packages, none shared with the other builds."""
+    binary, version = kueue_bin(), kueue_version()
+    stamp = "sigs.k8s.io/kueue/pkg/version"
+    ldflags = f"-s -w -X {stamp}.GitVersion={version}"
+    what = f"kueue {version} (cold: ~10 min on 2 cores)"
+    return _go_binary(binary, "kueue", "sigs.k8s.io/kueue/cmd/kueue", what, ldflags)
+
+
 def monitoring_crds() -> Path:
     """The Prometheus Operator's CRDs, from its Go module (downloaded, not built: ~4 MB)."""
     crds = prometheus_operator_crds()
@@ -303,6 +315,7 @@ COMPONENTS: dict[str, Callable[[], Path]] = {
     "helm": helm,
     "argocd": argocd,
     "kube-score": kube_score,
+    "kueue": kueue,
     "coredns": coredns,
     "spark-operator": spark_operator,
     "pause": pause,
@@ -324,11 +337,13 @@ COLD_MINUTES = {
     "ferretdb": 0.7,
     "registry": 1.8,
     "argocd": 4.0,
+    "kueue": 10.0,
     "images": 3.1,
 }
-# Built only when asked for (`fibers-stack fetch argocd`) or first needed: the GitOps tests build Argo CD
-# and the chart test kube-score themselves, so neither `make demo` nor `fibers-stack up` waits for them.
-ON_DEMAND = ("argocd", "kube-score")
+# Built only when asked for (`fibers-stack fetch argocd`) or first needed: the GitOps tests build Argo CD,
+# the chart test kube-score and the queue-admission test Kueue themselves, so neither `make demo` nor
+# `fibers-stack up` waits for them.
+ON_DEMAND = ("argocd", "kube-score", "kueue")
 
 
 def fetch_all(names: list[str] | None = None) -> None:

@@ -79,6 +79,10 @@ PAUSE_CONTAINERFILE = 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYP
 # CoreDNS listens on an unprivileged port in its pod (see coredns.py), so it needs no capability.
 COREDNS_CONTAINERFILE = 'FROM scratch\nCOPY coredns /coredns\nUSER 65534:65534\nENTRYPOINT ["/coredns"]\n'
 
+# Kueue's chart runs /manager as a non-root user with a read-only root filesystem (its certificates
+# are a mounted Secret): the static binary is all the image needs.
+KUEUE_CONTAINERFILE = 'FROM scratch\nCOPY manager /manager\nUSER 65532:65532\nENTRYPOINT ["/manager"]\n'
+
 
 @dataclass(frozen=True)
 class Images:
@@ -405,6 +409,11 @@ def build_all() -> Images:
     )
     log.info("images ready", extra={"seconds": round(time.monotonic() - started, 1)})
     return images
+
+
+def kueue() -> str:
+    """Kueue's manager image (for the queue-admission test; built on demand, not by `build_all`)."""
+    return _from_binary("kueue", fetch.kueue(), KUEUE_CONTAINERFILE, "seconds")
 
 
 def on_job_image(name: str, context: Path, job: str) -> str:

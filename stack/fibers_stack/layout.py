@@ -137,6 +137,21 @@ def kube_score_bin() -> Path:
     return cache_dir() / "bin" / f"kube-score-{kube_score_version()}-{recipe_hash('kube-score')}" / "kube-score"
 
 
+def kueue_version() -> str:
+    """Kueue is for the queue-admission test only (built on demand like Argo CD, so a cold CI run that
+    skips nothing still builds it once: ~1,400 Go packages, none shared with the other builds)."""
+    return _go_require(tools_dir() / "kueue" / "go.mod", "sigs.k8s.io/kueue")
+
+
+def kueue_bin() -> Path:
+    return cache_dir() / "bin" / f"kueue-{kueue_version()}-{recipe_hash('kueue')}" / "manager"
+
+
+def kueue_module() -> Path:
+    """Kueue's module as downloaded: its Helm chart (charts/kueue, CRDs in its templates) comes from here."""
+    return go_module_dir("sigs.k8s.io/kueue", kueue_version())
+
+
 def argocd_module() -> Path:
     """Argo CD's module as downloaded: its CRDs and default argocd-cm (manifests/) come from here."""
     return go_module_dir("github.com/argoproj/argo-cd/v3", argocd_version())

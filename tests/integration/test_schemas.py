@@ -201,12 +201,13 @@ class AuthProxy:
     def __init__(self, upstream: str, token: str) -> None:
         self.refused = 0
         self.passed = 0
+        self.token = token  # the one it takes: a rotation changes it
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Authorization") != f"Bearer {token}":
+                if self.headers.get("Authorization") != f"Bearer {proxy.token}":
                     proxy.refused += 1
                     self._reply(401, b'{"error_code": 40101, "message": "Unauthorized"}')
                     return
@@ -275,6 +276,16 @@ def test_a_registry_with_authentication_is_used_with_its_secret_which_is_read_on
         assert (
             f"Secret default/{allowed}" in wait_for(registry_says, timeout=60, what="CredentialsUnavailable")["message"]
         )
+
+        # The token rotated: the registry takes only the new one, the Secret gets it, and the operator's
+        # next calls carry it (the Secret is read again on its change; no spec changed).
+        proxy.token = f"rotated-{unique}"
+        core.patch_namespaced_secret(allowed, namespace, {"stringData": {"token": proxy.token}})
+        rotated = f"{unique}-rotated"
+        schemas.create(rotated, {"subject": f"{rotated}-value", "schema": avro(ID), "registry": allowed})
+        schemas.wait_condition(rotated, "True", "Registered", timeout=60)
+        assert versions(registry, f"{rotated}-value") == [1]
+        assert proxy.token not in json.dumps(schemas.get(rotated))
     finally:
         for name in (allowed, elsewhere):
             platform_resources.delete(kube, name, plural=platform_resources.SCHEMA_REGISTRIES)

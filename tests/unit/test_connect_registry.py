@@ -88,3 +88,39 @@ def test_a_secret_outside_the_credential_namespaces_is_never_read() -> None:
     known = asyncio.run(scenario())
     assert reads == [] and known.client is None
     assert "Secret team-b/db" in known.problem and "fibers-system" in known.problem
+
+
+def test_a_rotated_secret_gives_the_clusters_naming_it_a_new_client_and_no_other() -> None:
+    """Credentials were read once, when the cluster was seen: a rotated password never reached the
+    cluster's calls until its spec changed. A Secret's change (the operator's watch) now has the clusters
+    naming it read their Secrets again and be probed at once; other clusters keep their clients."""
+    values = {("ops", "creds", "username"): "u", ("ops", "creds", "password"): "old"}
+
+    async def scenario() -> tuple[str, str, str, bool, bool]:
+        registry = ConnectClusters(Secrets(values), ClusterSettings())  # type: ignore[arg-type]
+        auth = {"basic": {"secretRef": {"namespace": "ops", "name": "creds"}}}
+        for name, spec in (("c", {"url": "http://c:8083", "auth": auth}), ("d", {"url": "http://d:8083"})):
+            await registry.observe("ADDED", {"metadata": {"name": name, "uid": name, "generation": 1}, "spec": spec})
+        before, other = registry.known["c"].client, registry.known["d"].client
+        assert before is not None and other is not None
+        old_header = before._http.headers["Authorization"]
+        values["ops", "creds", "password"] = "new"
+        await registry.secret_changed("ops", "unrelated")
+        await registry.secret_changed("elsewhere", "creds")
+        assert registry.known["c"].client is before  # neither names it
+        await registry.secret_changed("ops", "creds")
+        after = registry.known["c"].client
+        assert after is not None
+        new_header = after._http.headers["Authorization"]
+        due_now = registry.known["c"].due == 0.0
+        untouched = registry.known["d"].client is other
+        await registry.aclose()
+        for task in list(registry._retiring):
+            task.cancel()
+        return old_header, new_header, registry.known["c"].secrets[0], due_now, untouched
+
+    old_header, new_header, masked, due_now, untouched = asyncio.run(scenario())
+    assert old_header == "Basic " + base64.b64encode(b"u:old").decode()
+    assert new_header == "Basic " + base64.b64encode(b"u:new").decode()
+    assert masked == "new"  # the new value is masked in the cluster's errors
+    assert due_now and untouched

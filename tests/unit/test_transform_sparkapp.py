@@ -17,7 +17,7 @@ from fibers import settings
 from fibers.conditions import format_time
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
-from fibers.transform.spec import Defaults, render_job, spec_hash
+from fibers.transform.spec import WHOLE_SECRET, Defaults, render_job, restarts_on_secret_change, secret_keys, spec_hash
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
@@ -326,6 +326,7 @@ def test_the_app_conforms_to_the_real_spark_operator_crd() -> None:
             spark={"volumes": volumes, "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}
         ),
         streaming_transform(spark={"driver": {"cores": 2, "coreRequest": "0.5"}, "executor": {"instances": 3}}),
+        transform(queue="batch"),  # spec.suspend: the Spark Operator 2.4+ field
     ]
     for body in bodies:
         app = build(body)
@@ -634,3 +635,110 @@ def test_after_a_seek_a_streaming_query_keeps_a_checkpoint_location_of_its_own()
     )
     assert plain["checkpoint"]["location"] == "/data/ckpt/orders/"
     assert re.fullmatch(r"/data/ckpt/orders-seek-[0-9a-f]{8}", sought["checkpoint"]["location"])
+
+
+# --- queue admission (Kueue) ---------------------------------------------------------------------
+
+
+def test_a_queued_run_is_created_suspended_labelled_with_its_queue_and_with_cpu_requests() -> None:
+    app = build(transform(queue="batch"), Defaults(kafka_bootstrap="k:9092", core_request=None))
+    assert app["metadata"]["labels"][sparkapp.QUEUE_LABEL] == "batch"
+    assert app["spec"]["suspend"] is True and app["spec"]["mode"] == "cluster"
+    # Kueue counts CPU from coreRequest only: without one, a run would take no quota at all.
+    assert app["spec"]["driver"]["coreRequest"] == app["spec"]["executor"]["coreRequest"] == "1"
+    assert app["spec"]["executor"]["instances"] == 1
+    plain = build()
+    assert "suspend" not in plain["spec"] and sparkapp.QUEUE_LABEL not in plain["metadata"]["labels"]
+    # Moving a Transform to a queue steers its next run; it does not start one.
+    assert spec_hash(transform(queue="batch")["spec"]) == spec_hash(transform()["spec"])
+
+
+def queued_view(**spec: Any) -> TransformView:
+    body = submitted_run(ago=timedelta(minutes=30))  # far past the 60 s submission deadline
+    body["spec"].update(spec)
+    body["status"]["currentRun"]["applicationState"] = runs.QUEUED
+    return TransformView(body)
+
+
+def test_a_run_waiting_for_admission_is_neither_resumed_nor_failed_by_the_deadline() -> None:
+    """The Spark Operator says SUSPENDED for a run created suspended. Mirrored as is, that is the word
+    Fibers records for a run it stopped itself, which the planner resumes with a new run: a queued run
+    would be replaced by another queued run at each look, and the queue never drained."""
+    view = queued_view(queue="batch")
+    for state in sorted(sparkapp.SUSPENDED_BY_SPEC):
+        app = app_with(state)
+        run = runs.mirror_run(view.current, app, {})
+        assert run["applicationState"] == runs.QUEUED
+        plan = runs.plan(view.with_status({**view.status, "currentRun": run}), [app], NOW)
+        assert plan.start is None and not plan.deadline_failed and plan.delete == []
+        # No deadline to wake up for; looked at again only to read what Kueue says (nothing watched moves).
+        assert runs.next_look(view, [app], NOW) == NOW + runs.QUEUED_FIRST_LOOK
+    said = view.with_status({**view.status, "currentRun": {**view.current, "admission": "insufficient quota"}})
+    assert runs.next_look(said, [app_with("SUSPENDED")], NOW) == NOW + runs.QUEUED_LOOK
+
+
+def test_the_status_says_which_queue_a_run_waits_in_and_what_kueue_says() -> None:
+    view = queued_view(queue="batch")
+    run = runs.mirror_run(view.current, app_with("SUSPENDED"), {})
+    run["admission"] = "couldn't assign flavors to pod set driver: insufficient unused quota for cpu"
+    status = runs.report(view, run, NOW)
+    cond = ready(status)
+    assert (status["phase"], cond["reason"]) == ("Pending", "WaitingForAdmission")
+    assert cond["message"] == (
+        "run orders-report-1a2b3c4d waiting for admission in queue batch: couldn't assign flavors to pod set "
+        "driver: insufficient unused quota for cpu"
+    )
+    # Admitted: the Spark Operator resubmits; the admission note goes and the deadline counts from then.
+    admitted = app_with("SUBMITTED", lastSubmissionAttemptTime=format_time(NOW - timedelta(seconds=5)))
+    moved = runs.mirror_run(run, admitted, {})
+    assert "admission" not in moved and moved["applicationState"] == "SUBMITTED"
+    assert not runs.plan(view, [admitted], NOW).deadline_failed
+
+
+# --- Secret rotation -------------------------------------------------------------------------------
+
+
+def test_the_secrets_a_transform_names_are_its_uris_and_the_secrets_it_mounts_whole() -> None:
+    spark = {
+        "volumes": [
+            {"name": "tls", "secret": {"secretName": "kafka-tls"}},
+            {"name": "p", "projected": {"sources": [{"secret": {"name": "extra"}}, {"configMap": {"name": "c"}}]}},
+            {"name": "d", "emptyDir": {}},
+        ]
+    }
+    assert secret_keys(transform(spark=spark)["spec"]) == [
+        ("extra", WHOLE_SECRET),
+        ("kafka-tls", WHOLE_SECRET),
+        ("mongo", "uri"),
+        ("mongo-out", "uri"),
+    ]
+
+
+def streaming_with_secret(digest_then: str, state: str = "RUNNING", **spec: Any) -> tuple[TransformView, list[Any]]:
+    body = streaming_transform(spark={"volumes": [{"name": "tls", "secret": {"secretName": "kafka-tls"}}]}, **spec)
+    app = app_with(state)
+    body["status"] = {
+        "currentRun": {
+            "name": app["metadata"]["name"],
+            "specHash": spec_hash(body["spec"]),
+            "secretsDigest": digest_then,
+            "applicationState": state,
+        }
+    }
+    return TransformView(body), [app]
+
+
+def test_a_streaming_run_restarts_for_a_moved_secret_only_when_its_spec_asks() -> None:
+    view, apps = streaming_with_secret("aaaa", restartOnSecretChange=True)
+    plan = runs.plan(view, apps, NOW, secrets_digest="bbbb")
+    assert plan.start is not None and plan.start[1] == "secret-change"
+    assert plan.delete == [apps[0]["metadata"]["name"]]  # one query at a time: the old run goes
+    assert runs.plan(view, apps, NOW, secrets_digest="aaaa").start is None  # the values did not move
+    assert runs.plan(view, apps, NOW).start is None  # not read: no Secret changed
+    unasked, apps = streaming_with_secret("aaaa")
+    assert runs.plan(unasked, apps, NOW, secrets_digest="bbbb").start is None
+    assert not restarts_on_secret_change(unasked.spec) and restarts_on_secret_change(view.spec)
+    ended, apps = streaming_with_secret("aaaa", state="FAILED", restartOnSecretChange=True)
+    assert (runs.plan(ended, apps, NOW, secrets_digest="bbbb").start or ("", ""))[1] != "secret-change"
+    # Asking for it changes what steers runs, not what they compute: no restart by itself.
+    assert spec_hash(view.spec) == spec_hash(unasked.spec)

@@ -100,6 +100,10 @@ exactly these permissions.
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [list, watch, create, delete]
+# Transform with spec.queue: Kueue's Workload of a queued run, read to say why it is not admitted yet.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list]
 # Connect: values of spec.secretConfig come from the Secrets it names, read one key at a time. Secrets
 # are also listed and watched, by their metadata only (no data is asked for, none is kept): a change to
 # one a resource names reaches it (a connector's config written again, a consumer's pods rolled).

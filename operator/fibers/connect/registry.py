@@ -68,6 +68,7 @@ class ConnectClusters:
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self.on_change: Callable[[], None] = lambda: None  # the Connect sync re-places its resources
         self._wake = asyncio.Event()
+        self._retiring: set[asyncio.Task[None]] = set()  # old clients closing (held: the loop keeps weak refs)
 
     # ----- from kopf's watches ---------------------------------------------------------------------
 
@@ -111,6 +112,34 @@ class ConnectClusters:
         if namespace not in self.namespace_labels:
             self.namespace_labels[namespace] = await self.kube.namespace_labels(namespace)
         return self.namespace_labels[namespace]
+
+    async def secret_changed(self, namespace: str, secret: str) -> None:
+        """A Secret changed (the operator's watch of Secrets): each cluster naming it gets a client with the
+        values read now and is probed at once. A rotated password or token reaches the cluster's calls
+        without a spec change; the old client is closed once calls already under way on it have ended."""
+        for name, known in self.known.items():
+            if (namespace, secret) not in credentials.named(known.spec.auth):
+                continue
+            old = known.client
+            known.client = None
+            await self._connect(known)
+            if old is not None:
+                self._retire(old)
+            log.info(
+                "ConnectCluster credentials read again", extra={"cluster": name, "secret": f"{namespace}/{secret}"}
+            )
+            known.due = 0.0
+            self.on_change()
+            self._wake.set()
+
+    def _retire(self, old: ConnectClient) -> None:
+        async def close_later() -> None:
+            await asyncio.sleep(self.policy.call_timeout)
+            await old.aclose()
+
+        task = asyncio.create_task(close_later())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     # ----- clients ---------------------------------------------------------------------------------
 

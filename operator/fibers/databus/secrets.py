@@ -10,14 +10,14 @@ is written. A StatefulSet from before this (no digest) gets its first one withou
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from fibers.databus.config import sink_specs
+from fibers.secret_refs import SecretKey, digest
+
+__all__ = ["HASH", "SecretKey", "digest", "digests", "referenced"]
 
 HASH = "fibers.dev/secrets-hash"
-
-SecretKey = tuple[str, str]  # (Secret name, key)
 
 
 def referenced(spec: dict[str, Any]) -> list[SecretKey]:
@@ -26,14 +26,6 @@ def referenced(spec: dict[str, Any]) -> list[SecretKey]:
     if (spec.get("bootstrap") or {}).get("enabled"):
         refs.append(spec["bootstrap"]["uriSecretRef"])
     return sorted({(str(r["name"]), str(r["key"])) for r in refs})
-
-
-def digest(values: dict[SecretKey, str | None]) -> str:
-    """A digest of the values (None: not there), never reversible to them."""
-    h = hashlib.sha256()
-    for (name, key), value in sorted(values.items()):
-        h.update(f"{name}\0{key}\0{'-' if value is None else '+' + value}\0".encode())
-    return h.hexdigest()[:16]
 
 
 def digests(existing: dict[str, Any] | None, now: str | None) -> tuple[str | None, str | None, bool]:

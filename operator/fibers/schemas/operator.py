@@ -74,6 +74,18 @@ class SchemaOperator:
         self._clients[registry.name] = (registry, made)
         return made
 
+    async def secret_changed(self, namespace: str, secret: str) -> None:
+        """A Secret changed (the operator's watch of Secrets): each registry naming it gets a new client,
+        with the values read then, at its next use; its probe runs now and says whether they work."""
+        for name, (registry, old) in list(self._clients.items()):
+            if (namespace, secret) in credentials.named(registry.auth):
+                async with self._making:
+                    self._clients.pop(name, None)
+                await old.aclose()  # calls are made under `client()`'s answer: a Schema retries a failed one
+                log.info("SchemaRegistry credentials to be read again", extra={"registry": name})
+                self._due[name] = 0.0
+                self._wake.set()
+
     async def aclose(self) -> None:
         for _, c in self._clients.values():
             await c.aclose()

@@ -9,6 +9,7 @@ instead of a second one.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import uuid
@@ -20,24 +21,28 @@ from fibers import metrics, pod_trouble, upstream
 from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
 from fibers.conditions import Condition, format_time, parse_time, utcnow
 from fibers.jobs.spec import LABEL_TRANSFORM
-from fibers.kube import Kube
+from fibers.kube import Kube, SecretMissing
 from fibers.kubeapi import ApiError, path
 from fibers.pod_trouble import Trouble
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
+from fibers.secret_refs import SecretRefs, digest
 from fibers.transform import runs, sparkapp
 from fibers.transform.runs import TransformView
 from fibers.transform.sparkapp import SparkApplications
 from fibers.transform.spec import (
     KIND,
     PLURAL,
+    WHOLE_SECRET,
     Defaults,
     InputsNotReady,
     avro_refs,
     default_subject,
     problem,
     render_job,
+    restarts_on_secret_change,
+    secret_keys,
     spec_hash,
 )
 from fibers.upstream import Upstream
@@ -64,6 +69,8 @@ class Pass:
     trouble: Trouble | None = None  # a pod of the current run that will not start by waiting
     trouble_run: str = ""  # that run
     trouble_due: datetime | None = None  # when a pod of it waiting to be placed has waited long enough to say
+    secrets_changed: set[str] = field(default_factory=set)  # Secrets it names that changed since the last look
+    secrets_digest: str = ""  # the digest of their values, when read (restartOnSecretChange)
 
     @property
     def namespace(self) -> str:
@@ -75,11 +82,24 @@ class Pass:
 
 
 class TransformReconciler:
-    def __init__(self, kube: Kube, defaults: Defaults, dependents: upstream.Dependents | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        defaults: Defaults,
+        dependents: upstream.Dependents | None = None,
+        secret_refs: SecretRefs | None = None,
+    ) -> None:
         self.kube = kube
         self.dependents = dependents or upstream.Dependents()  # what each Transform's inputs reference
         self.defaults = defaults
         self.apps = SparkApplications(kube)
+        self.secret_refs = secret_refs or SecretRefs()  # the Secrets each Transform names, for their watch
+        self._secrets_changed: dict[tuple[str, str], set[str]] = {}  # (namespace, name) → Secrets changed
+
+    def secret_changed(self, namespace: str, name: str, secret: str) -> None:
+        """The watch saw a Secret the Transform names change; its next reconcile says so and, for a streaming
+        Transform with restartOnSecretChange, reads the values to tell whether its running query must restart."""
+        self._secrets_changed.setdefault((namespace, name), set()).add(secret)
 
     async def _upstream(self, namespace: str, view: TransformView) -> tuple[list[Upstream], str]:
         """What the inputs reference (connectRef, transformRef), read now; and a transformRef cycle, if any."""
@@ -149,6 +169,7 @@ class TransformReconciler:
         for step in (
             self._check,  # the spec and what its inputs reference (InvalidSpec, a cycle, UpstreamReady)
             self._read_pods,  # the current run's pods, while it runs: one that will not start is said at once
+            self._read_secrets,  # a Secret it names changed: said, and read when a streaming run restarts for it
             self._plan,  # which runs to start, delete, suspend or fail (`runs.plan`, pure)
             self._drop_runs,  # delete what the plan drops; record suspended and deadline-failed runs
             self._start_run,  # render the job, write the run into status first, then create it
@@ -199,9 +220,50 @@ class TransformReconciler:
         p.trouble, p.trouble_run = pod_trouble.first(pods, p.now), str(run)
         p.trouble_due = pod_trouble.due(pods, p.now)
 
+    async def _read_secrets(self, p: Pass) -> None:
+        keys = secret_keys(p.view.spec)
+        self.secret_refs.note(KIND, p.namespace, p.view.name, {name for name, _ in keys})
+        p.secrets_changed = self._secrets_changed.pop((p.namespace, p.view.name), set())
+        if not p.secrets_changed:
+            return
+        which = ", ".join(sorted(p.secrets_changed))
+        if restarts_on_secret_change(p.view.spec):
+            p.secrets_digest = await self._digest(p.namespace, keys)
+            return  # the plan restarts the running query if the values moved; the Event says so then
+        taken = (
+            "a running query keeps the value it started with (spec.restartOnSecretChange restarts it)"
+            if p.view.streaming
+            else "the next run takes the new value"
+        )
+        self._event(p.view, "SecretChanged", f"Secret {which} changed: {taken}")
+
+    async def _digest(self, namespace: str, keys: list[tuple[str, str]]) -> str:
+        """A digest of the values (never the values: they stay in this call); a Secret mounted whole counts
+        with every key it holds."""
+        values: dict[tuple[str, str], str | None] = {}
+        for name, key in keys:
+            if key == WHOLE_SECRET:
+                secret = await self.kube.read(path("v1", "secrets", namespace, name))
+                data = None if secret is None else dict(secret.get("data") or {})
+                values[name, key] = None if data is None else json.dumps(data, sort_keys=True)
+                continue
+            try:
+                values[name, key] = await self.kube.secret_value(namespace, name, key)
+            except SecretMissing:
+                values[name, key] = None
+        return digest(values)
+
     async def _plan(self, p: Pass) -> None:
         trouble = p.trouble.describe() if p.trouble else ""
-        p.plan = runs.Plan() if p.paused or p.invalid else runs.plan(p.view, p.apps, p.now, trouble)
+        if p.paused or p.invalid:
+            p.plan = runs.Plan()
+            return
+        p.plan = runs.plan(p.view, p.apps, p.now, trouble, p.secrets_digest)
+        if p.plan.start and p.plan.start[1] == "secret-change":
+            which = ", ".join(sorted(p.secrets_changed))
+            message = f"Secret {which} changed: streaming run restarted from its checkpoint to take the new value"
+            log.info("secret changed: restarting the streaming run", extra={**p.context, "secrets": which})
+            self._event(p.view, "SecretChanged", message)
 
     async def _drop_runs(self, p: Pass) -> None:
         plan, current = p.plan, p.current
@@ -259,6 +321,8 @@ class TransformReconciler:
                 "trigger": trigger,
                 "submittedAt": format_time(p.now),
             }
+            if restarts_on_secret_change(view.spec):  # what the run starts with, to tell a change from
+                p.current["secretsDigest"] = p.secrets_digest or await self._digest(namespace, secret_keys(view.spec))
         # Write-ahead: the run is in status before its SparkApplication exists, reported as
         # the new run it is (Pending), never under the phase and conditions of the last one.
         status = runs.report(view.with_status(p.status), p.current, p.now, upstream=p.health)
@@ -288,6 +352,8 @@ class TransformReconciler:
             if failed and (message := await self.apps.driver_message(app)):
                 result = {**result, "error": message}
         p.mirrored = runs.mirror_run(current, app, result)
+        if app is not None and p.mirrored.get("applicationState") == runs.QUEUED:
+            p.mirrored["admission"] = await self.apps.admission(app)
         if p.trouble is not None and p.mirrored.get("name") == p.trouble_run:
             p.mirrored["podTrouble"] = {"pod": p.trouble.pod, "reason": p.trouble.reason, "message": p.trouble.message}
         else:

@@ -22,7 +22,9 @@ from fibers.transform.sparkapp import (
     FAILING,
     FINISHED_FAILED,
     FINISHED_OK,
+    NO_WORKLOAD,
     RUNNING,
+    SUSPENDED_BY_SPEC,
     WAITING_FOR_DRIVER,
     executor_states,
     finished,
@@ -34,6 +36,9 @@ SUSPENDED = "SUSPENDED"  # recorded in currentRun.applicationState when suspend 
 DEADLINE = "SubmissionDeadlineExceeded"
 INVALID = "InvalidSpec"  # the reason when the spec passes admission but cannot run
 NEW = "NEW"  # recorded while the SparkApplication has no state yet (the Spark Operator has not taken it up)
+# Recorded while the SparkApplication is suspended by its own spec (waiting for Kueue's admission): not
+# the Spark Operator's word SUSPENDED, which is Fibers' own for a run it stopped (resumed by a new run).
+QUEUED = "QUEUED"
 # No Spark Operator to run what we create: the reasons Ready says so with (Stalled: waiting will not help).
 NO_SPARK_OPERATOR = "SparkOperatorMissing"  # the cluster does not serve SparkApplications at all
 NOT_TAKEN_UP = "SparkOperatorNotWatching"  # a SparkApplication nobody has touched after UNTOUCHED_AFTER
@@ -41,6 +46,11 @@ NOT_TAKEN_UP = "SparkOperatorNotWatching"  # a SparkApplication nobody has touch
 # namespace it watches; one with no state after this long is in a namespace it does not watch (or
 # no Spark Operator runs). Long enough for a Spark Operator being restarted or upgraded.
 UNTOUCHED_AFTER = timedelta(seconds=60)
+# A run waiting in its Kueue queue: nothing this operator watches moves when Kueue's Workload says why it
+# waits (only admission changes the SparkApplication), so it is looked at again: soon while Kueue has not
+# said yet (its Workload is made, then tried, within a second or two), then now and then.
+QUEUED_FIRST_LOOK = timedelta(seconds=3)
+QUEUED_LOOK = timedelta(seconds=30)
 MESSAGE_LIMIT = 2048
 
 
@@ -116,8 +126,11 @@ def _due_schedule(view: TransformView, now: datetime) -> datetime | None:
     return previous_slot if previous_slot > parse_time(last) else None
 
 
-def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime, trouble: str = "") -> Plan:
-    """What to do with the runs now; `trouble`: why the current run's pods will not start, if they will not."""
+def plan(
+    view: TransformView, apps: list[dict[str, Any]], now: datetime, trouble: str = "", secrets_digest: str = ""
+) -> Plan:
+    """What to do with the runs now; `trouble`: why the current run's pods will not start, if they will not;
+    `secrets_digest`: the digest of the Secret values it names, when one of those Secrets just changed."""
     result = Plan()
     spec, current = view.spec, view.current
     by_name = {a["metadata"]["name"]: a for a in apps}
@@ -142,6 +155,9 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime, trouble
     elif seek.get("nonce") and seek["nonce"] != view.status.get("lastSeekNonce"):
         result.seek_nonce = seek["nonce"]
         result.start = (run_name(view.name, view.uid, f"seek/{seek['nonce']}/{digest}"), "seek")
+    elif _secrets_moved(view, current_app, secrets_digest):
+        # Restarted from its checkpoint (a new run of the same spec), to take the new values.
+        result.start = (run_name(view.name, view.uid, f"secret/{secrets_digest}/{digest}"), "secret-change")
     elif current.get("applicationState") == SUSPENDED:
         result.start = (run_name(view.name, view.uid, f"resume/{now.timestamp():.0f}/{digest}"), "resume")
     elif spec.get("schedule") and not view.streaming:
@@ -166,6 +182,15 @@ def plan(view: TransformView, apps: list[dict[str, Any]], now: datetime, trouble
         # One streaming query at a time; a rerun or a seek replaces a run still going.
         result.delete = sorted(set(result.delete) | {n for n in active if n != result.start[0]})
     return _trim_history(view, apps, result)
+
+
+def _secrets_moved(view: TransformView, app: dict[str, Any] | None, now_digest: str) -> bool:
+    """A streaming run asked to restart on a Secret change (restartOnSecretChange) runs with values that
+    are not the Secrets' any more. Only a run that is still going: a new one takes the values anyway."""
+    started_with = view.current.get("secretsDigest")
+    going = app is not None and not finished(app)
+    wanted = view.streaming and bool(view.spec.get("restartOnSecretChange"))
+    return wanted and going and bool(now_digest) and bool(started_with) and now_digest != started_with
 
 
 def _past_deadline(view: TransformView, app: dict[str, Any], now: datetime) -> bool:
@@ -193,6 +218,9 @@ def next_look(view: TransformView, apps: list[dict[str, Any]], now: datetime) ->
         with contextlib.suppress(ValueError, KeyError):
             times.append(croniter(schedule, now).get_next(datetime))
     current = view.current
+    if current.get("applicationState") == QUEUED:
+        said = current.get("admission") not in (None, "", NO_WORKLOAD)
+        times.append(now + (QUEUED_LOOK if said else QUEUED_FIRST_LOOK))
     app = next((a for a in apps if a["metadata"]["name"] == current.get("name")), None)
     acted_on = current.get("applicationState") in (SUSPENDED, DEADLINE)
     if app is not None and not acted_on and not finished(app) and state_of(app) in WAITING_FOR_DRIVER:
@@ -266,7 +294,9 @@ def mirror_run(current: dict[str, Any], app: dict[str, Any] | None, result: dict
         return run
     status = app.get("status") or {}
     state = state_of(app)
-    run["applicationState"] = state or NEW
+    run["applicationState"] = QUEUED if state in SUSPENDED_BY_SPEC else state or NEW
+    if state not in SUSPENDED_BY_SPEC:
+        run.pop("admission", None)
     if (status.get("driverInfo") or {}).get("podName"):
         run["driverPod"] = status["driverInfo"]["podName"]
     if status.get("executionAttempts") is not None:
@@ -377,6 +407,11 @@ def _conditions(
             "(the Spark Operator chart's spark.jobNamespaces)?"
         )
         return conditions.stalled(NOT_TAKEN_UP, message), "Pending"
+    if state == QUEUED:
+        queue = view.spec.get("queue")
+        where = f"waiting for admission in queue {queue}" if queue else "suspended by its SparkApplication's spec"
+        why = f": {run['admission']}" if run.get("admission") else ""
+        return conditions.waiting("WaitingForAdmission", f"run {name} {where}{why}"), "Pending"
     pending = {
         NEW: f"run {name} created, waiting for the Spark Operator to submit it",
         "PENDING_RERUN": f"run {name} failed and is submitted again (attempt {int(run.get('attempts', 0)) + 1})",

@@ -47,6 +47,16 @@ WAITING_FOR_DRIVER = {"", "SUBMITTED", "SUBMISSION_FAILED"}
 # A driver ran and ended: its job has written the result ConfigMap (or the error) if it could.
 DRIVER_ENDED = {"SUCCEEDING", "COMPLETED", "FAILING", "FAILED"}
 DRIVER_FAILED = {"FAILING", "FAILED"}  # the driver exited non-zero
+# spec.suspend is true (the run waits for Kueue's admission, or Kueue took its quota back): the Spark
+# Operator has deleted or never made its pods. Admission sets suspend false; the run then goes
+# RESUMING (or INVALIDATING, PENDING_RERUN: Kueue also labels the pods) to SUBMITTED.
+SUSPENDED_BY_SPEC = {"SUSPENDING", "SUSPENDED"}
+# Kueue (v0.17, its SparkApplication integration): the LocalQueue a run is queued in, and the label on
+# the Workload Kueue makes for it, naming the SparkApplication's uid.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+WORKLOAD_JOB_UID = "kueue.x-k8s.io/job-uid"
+WORKLOADS = ("kueue.x-k8s.io/v1beta2", "workloads")
+NO_WORKLOAD = "no Kueue Workload for it yet (if none comes, is Kueue installed with its SparkApplication integration?)"
 
 
 def state_of(app: dict[str, Any]) -> str:
@@ -141,6 +151,7 @@ def build(
     env = secret_envs(spec)
     volumes, mounts = list(spark.get("volumes") or []), list(spark.get("volumeMounts") or [])
     labels = {LABEL_TRANSFORM: meta["name"]}
+    queue = spec.get("queue")
     spark_conf = {str(k): str(v) for k, v in (spark.get("sparkConf") or {}).items()}
     # spark-submit puts these on the JVM's class path at launch; jars a running driver adds later
     # (spark.jars in the session builder) are shipped to executors but never reach the driver's own
@@ -154,7 +165,9 @@ def build(
             "memory": str(side.get("memory") or defaults.memory),
             "labels": dict(labels),
         }
-        core_request = side.get("coreRequest") or defaults.core_request
+        # Kueue counts a pod's CPU from coreRequest only (cores is Spark's parallelism, not a request):
+        # a queued run always carries one.
+        core_request = side.get("coreRequest") or defaults.core_request or (fields["cores"] if queue else None)
         if core_request:
             fields["coreRequest"] = str(core_request)
         if service_account:
@@ -178,9 +191,16 @@ def build(
         "metadata": {
             "name": run,
             "namespace": meta["namespace"],
-            "labels": {LABEL_TRANSFORM: meta["name"], LABEL_TRIGGER: trigger},
+            "labels": {
+                LABEL_TRANSFORM: meta["name"],
+                LABEL_TRIGGER: trigger,
+                **({QUEUE_LABEL: queue} if queue else {}),
+            },
         },
         "spec": {
+            # Queued: created suspended, so nothing runs before Kueue admits it (Kueue's webhook would
+            # set it too; set here, a run never starts unadmitted whatever that webhook's state).
+            **({"suspend": True} if queue else {}),
             "type": "Python",
             "mode": "cluster",
             "image": spark.get("image") or defaults.image,
@@ -257,4 +277,24 @@ class SparkApplications:
             terminated = (cs.get("state") or {}).get("terminated") or {}
             if cs.get("name") == DRIVER_CONTAINER and terminated.get("exitCode") and terminated.get("message"):
                 return truncate(redact(str(terminated["message"]).strip(), ()), 2048)
+        return ""
+
+    async def admission(self, app: dict[str, Any]) -> str:
+        """What Kueue says of a queued run's Workload: why it is not admitted yet (its QuotaReserved
+        condition's message), or that no Workload exists for it (Kueue not installed, or its
+        SparkApplication integration off: then nothing will ever admit the run)."""
+        meta = app["metadata"]
+        try:
+            workloads = await self.kube.items(
+                path(*WORKLOADS, meta["namespace"]), labelSelector=f"{WORKLOAD_JOB_UID}={meta.get('uid', '')}"
+            )
+        except ApiError as exc:
+            if exc.status not in (403, 404):
+                raise
+            workloads = []  # Kueue's CRDs are not served here (or the operator may not read them)
+        if not workloads:
+            return NO_WORKLOAD
+        for condition in (workloads[0].get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "QuotaReserved" and condition.get("status") != "True":
+                return truncate(str(condition.get("message") or condition.get("reason") or ""), 512)
         return ""

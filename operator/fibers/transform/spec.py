@@ -58,6 +58,8 @@ def spec_hash(spec: dict[str, Any]) -> str:
         "successfulRunsHistoryLimit",
         "failedRunsHistoryLimit",
         "submissionDeadlineSeconds",
+        "queue",  # where the next run waits, not what it computes
+        "restartOnSecretChange",
     }
     relevant = {k: v for k, v in spec.items() if k not in steering}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:10]
@@ -224,6 +226,27 @@ def secret_envs(spec: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return env
+
+
+WHOLE_SECRET = ""  # the key of a Secret mounted as a volume: every key of it reaches the pods
+
+
+def secret_keys(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """The Secret keys (name, key) the runs' pods take, in a stable order: MongoDB URIs by reference, and
+    Secrets mounted through spark.volumes (a `secret` volume, or a `projected` one's secret sources) whole."""
+    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"]) for e in secret_envs(spec)}
+    for volume in (spec.get("spark") or {}).get("volumes") or []:
+        if name := (volume.get("secret") or {}).get("secretName"):
+            refs.add((str(name), WHOLE_SECRET))
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if name := (source.get("secret") or {}).get("name"):
+                refs.add((str(name), WHOLE_SECRET))
+    return sorted(refs)
+
+
+def restarts_on_secret_change(spec: dict[str, Any]) -> bool:
+    """A streaming Transform asking to restart when a Secret it names changes, and naming one."""
+    return spec.get("mode") == "streaming" and bool(spec.get("restartOnSecretChange")) and bool(secret_keys(spec))
 
 
 # Stand-ins for what referenced resources supply at run time (a Connect's topics, a registry's URL):
