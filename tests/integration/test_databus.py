@@ -716,6 +716,24 @@ def test_a_consumer_that_exits_says_why_on_the_resource(
     assert container.termination_message_policy == "FallbackToLogsOnError"
 
 
+def test_a_consumer_whose_pod_cannot_pull_its_image_says_so_at_once(
+    consumers: Resources, stack_info: StackInfo, unique: str
+) -> None:
+    """An image that is not in the registry: the kubelet's ErrImagePull / ImagePullBackOff and its message
+    on Ready within seconds, not "0/1 instances ready" for as long as nobody looks at the pod."""
+    image = f"{stack_info.image_registry}/fibers/no-such-consumer:0"
+    consumers.create(unique, {"sources": ["t"], "sink": {"type": "log"}, "image": image})
+    created = time.monotonic()
+    cond = wait_for(
+        lambda: (c := consumers.condition(unique)) and c.get("reason") in ("ErrImagePull", "ImagePullBackOff") and c,
+        timeout=55,
+        what="the image error on Ready",
+    )
+    print(f"said why within {time.monotonic() - created:.1f}s of creation: {cond['message']}")
+    assert cond["status"] == "False" and "no-such-consumer" in cond["message"] and f"{unique}-0" in cond["message"]
+    consumers.delete(unique)
+
+
 def test_an_instance_the_api_server_does_not_answer_waits_unready_and_the_consumer_says_why(
     consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
 ) -> None:
