@@ -67,6 +67,7 @@ class Pipeline:
 
     def create(self) -> float:
         """Create every step; seconds until each has read all the records."""
+        say(f"{self.name}: creating the pipeline's steps (fresh)")
         started = time.monotonic()
         labels = {"fibers.dev/pipeline": self.name}
         sink = {"type": "mongodb", "uriSecretRef": {"name": "mongo", "key": "uri"}, "database": "bench_replay"}
@@ -97,6 +98,7 @@ class Pipeline:
 
     def replay(self) -> tuple[float, dict[str, int]]:
         """A Replay from the earliest record; seconds until every step has read all the records again."""
+        say(f"{self.name}: replaying from the earliest record")
         started = time.monotonic()
         name = f"{self.name}-again"
         spec = {"pipeline": self.name, "startFrom": {"position": "earliest"}, "sinks": "reapply"}
@@ -121,12 +123,15 @@ class Pipeline:
         def file_lines() -> int:
             return sum(1 for _ in self.file.open()) if self.file.exists() else 0
 
+        started = time.monotonic()
         wait(transform_done, step_timeout(self.size), "the Transform's run")
+        say(f"  {self.name}: the Transform's run done after {time.monotonic() - started:.0f} s")
         wait(
             lambda: consumed(self.core, self.namespace, f"{self.name}-view") >= self.size,
             step_timeout(self.size),
             "the view",
         )
+        say(f"  {self.name}: the consumer's view has all {self.size} after {time.monotonic() - started:.0f} s")
         wait(lambda: file_lines() >= lines, step_timeout(self.size), "the file sink")
 
     def delete(self) -> None:
