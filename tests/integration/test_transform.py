@@ -375,6 +375,8 @@ def test_rerun_nonce_starts_a_new_run_over_a_connects_topic_and_delete_removes_r
     transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
     first = transforms.status(unique)["currentRun"]["name"]
     assert transforms.status(unique)["currentRun"]["recordsOut"] == 1
+    # What it reads, as resolved through the Connect (what a Replay counts and moves for it).
+    assert transforms.status(unique)["inputs"] == [{"name": "lines", "topics": [unique]}]
     assert out_rows(tmp_path / "out") == [{"n": 6}]
     with source.open("a") as more:
         more.write("".join(f"line {i}\n" for i in range(6, 9)))

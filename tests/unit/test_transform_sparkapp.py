@@ -742,3 +742,25 @@ def test_a_streaming_run_restarts_for_a_moved_secret_only_when_its_spec_asks() -
     assert (runs.plan(ended, apps, NOW, secrets_digest="bbbb").start or ("", ""))[1] != "secret-change"
     # Asking for it changes what steers runs, not what they compute: no restart by itself.
     assert spec_hash(view.spec) == spec_hash(unasked.spec)
+
+
+def test_the_status_says_which_topics_each_kafka_input_reads_as_resolved() -> None:
+    """status.inputs was in the CRD and never written: a Replay could not count the records a Transform
+    reading a Connect's topics (connectRef) would read again, and said nothing for it."""
+    spec = transform(
+        inputs=[
+            {"name": "direct", "kafka": {"topics": ["a", "b"]}},
+            {"name": "cdc", "connectRef": {"name": "orders-cdc"}},
+            {"name": "later", "transformRef": {"name": "not-there-yet"}},
+            {
+                "name": "people",
+                "mongodb": {"uriSecretRef": {"name": "m", "key": "uri"}, "database": "d", "collection": "p"},
+            },
+        ]
+    )["spec"]
+    resolved = runs.resolved_inputs(spec, {1: ["shop.public.orders"]})
+    assert resolved == [{"name": "direct", "topics": ["a", "b"]}, {"name": "cdc", "topics": ["shop.public.orders"]}]
+    view = TransformView(transform())
+    status = runs.report(view, {}, NOW, inputs=resolved)
+    assert status["inputs"] == resolved
+    assert runs.report(view.with_status(status), {}, NOW)["inputs"] == resolved  # kept when not resolved again

@@ -361,7 +361,11 @@ class TransformReconciler:
 
     async def _report(self, p: Pass) -> None:
         p.view = p.view.with_status(p.status)
-        new_status = runs.report(p.view, p.mirrored, p.now, waiting=p.waiting, invalid=p.invalid, upstream=p.health)
+        referenced = {u.ref.index: u.topics() for u in p.upstreams if u.body is not None}
+        inputs = runs.resolved_inputs(p.view.spec, referenced)
+        new_status = runs.report(
+            p.view, p.mirrored, p.now, waiting=p.waiting, invalid=p.invalid, upstream=p.health, inputs=inputs
+        )
         await self._publish(p.view, new_status, p.context)
         p.view = p.view.with_status(new_status)
 

@@ -332,13 +332,17 @@ def report(
     invalid: str = "",
     no_spark_operator: str = "",
     upstream: Condition | None = None,
+    inputs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The Transform's status from its current run (and UpstreamReady, when given).
 
-    `no_spark_operator` says why no SparkApplication can be run (the CRD is not served).
+    `no_spark_operator` says why no SparkApplication can be run (the CRD is not served); `inputs`: the
+    topics behind each Kafka input as resolved now (None: not resolved this time, the last ones kept).
     """
-    kept = ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce", "lastSeekNonce")
+    kept = ("lastSuccessfulRun", "lastScheduleTime", "lastRerunNonce", "lastSeekNonce", "inputs")
     status = {k: v for k, v in view.status.items() if k in kept}
+    if inputs is not None:
+        status["inputs"] = inputs
     generation = int(view.body["metadata"].get("generation", 0))
     state = run.get("applicationState", "")
     if run:
@@ -358,6 +362,19 @@ def report(
         conditions=conditions.merge(view.status.get("conditions"), conds, generation, format_time(now)),
     )
     return status
+
+
+def resolved_inputs(spec: dict[str, Any], referenced: dict[int, list[str]]) -> list[dict[str, Any]]:
+    """Each Kafka input's topics: as given, or (connectRef, transformRef) as what it references says now
+    (`referenced`: input index → topics; an input whose reference is not there yet is left out). What a
+    Replay counts and repositions for the Transform, and what a person reads to see what it reads."""
+    resolved = []
+    for index, item in enumerate(spec.get("inputs") or []):
+        if "kafka" in item:
+            resolved.append({"name": item["name"], "topics": list(item["kafka"].get("topics") or [])})
+        elif index in referenced:
+            resolved.append({"name": item["name"], "topics": referenced[index]})
+    return resolved
 
 
 def _conditions(
