@@ -30,6 +30,7 @@ from fibers_stack.layout import (
     kueue_bin,
     kueue_version,
     prometheus_operator_crds,
+    spark_operator_module,
     tools_dir,
     versions,
 )
@@ -202,6 +203,20 @@ def spark_operator() -> Path:
     v = versions().spark_operator
     package = "github.com/kubeflow/spark-operator/v2/cmd/operator"
     return _go_binary(artifacts().spark_operator_bin, "spark-operator", package, f"spark-operator {v} (cold: ~2 min)")
+
+
+def spark_operator_source() -> Path:
+    """The Spark Operator's module as downloaded (its CRDs and chart), without building anything: what a
+    check of Fibers' SparkApplications against the real CRD needs on a fresh clone (seconds, not a build)."""
+    module = spark_operator_module()
+    if not module.exists():
+        log.info("downloading the Spark Operator module for its CRDs and chart")
+        _run(
+            ["go", "mod", "download", "github.com/kubeflow/spark-operator/v2"],
+            tools_dir() / "spark-operator",
+            _go_env(),
+        )
+    return module
 
 
 def registry() -> Path:

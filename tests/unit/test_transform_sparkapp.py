@@ -227,15 +227,11 @@ def test_run_names_are_dns_1035_labels() -> None:
 
 
 def _spark_operator_crd() -> dict[str, Any]:
-    try:
-        from fibers_stack.layout import spark_operator_module
+    """The real SparkApplication CRD, from the Spark Operator's module (downloaded here when missing: a
+    fresh clone checks against it too, or fails saying why, never skips)."""
+    from fibers_stack import fetch
 
-        module = spark_operator_module()
-    except Exception as exc:  # the stack package or its recipes are not there
-        pytest.skip(f"the Spark Operator module is not available: {exc}")
-    path = module / "config" / "crd" / "bases" / "sparkoperator.k8s.io_sparkapplications.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} is missing (fetch the stack: `fibers-stack fetch`)")
+    path = fetch.spark_operator_source() / "config" / "crd" / "bases" / "sparkoperator.k8s.io_sparkapplications.yaml"
     crd = yaml.safe_load(path.read_text())
     [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
