@@ -200,6 +200,20 @@ class Resources:
         return wait_for(probe, timeout=timeout, what=what or f"{self.kind} {name} status")
 
 
+def printed(api: Any, plural: str, namespace: str, name: str) -> dict[str, Any]:
+    """The row `kubectl get` prints for one Fibers object, column name → cell (the API server's Table)."""
+    answer = api.call_api(
+        f"/apis/fibers.dev/v1beta1/namespaces/{namespace}/{plural}/{name}",
+        "GET",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        response_type="object",
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+    )
+    names = [column["name"] for column in answer["columnDefinitions"]]
+    return dict(zip(names, answer["rows"][0]["cells"], strict=True))
+
+
 def spark_apps(kube: Any, namespace: str, transform: str) -> list[dict[str, Any]]:
     """A Transform's runs (the SparkApplications labelled with it), oldest first."""
     from kubernetes import client

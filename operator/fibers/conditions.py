@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from fibers.api import ANNOTATION_PAUSED
+
 READY, RECONCILING, STALLED = "Ready", "Reconciling", "Stalled"
 
 
@@ -113,3 +115,20 @@ def with_upstream_note(conds: list[Condition], upstream: Condition) -> list[Cond
         else c
         for c in conds
     ]
+
+
+PAUSED = Condition(
+    RECONCILING, False, "ReconciliationPaused", f"reconciliation is paused by the {ANNOTATION_PAUSED} annotation"
+)
+
+
+def paused(meta: dict[str, Any]) -> bool:
+    """The resource's owner asked the operator to leave it be (`fibers.dev/paused-reconciliation: "true"`):
+    nothing is created, changed, stopped or sought for it; what is running keeps running, and its status
+    still says what is observed."""
+    return (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+
+
+def with_paused(conds: list[Condition]) -> list[Condition]:
+    """Reconciling says that the operator acts on nothing while paused (Ready as observed, unchanged)."""
+    return [PAUSED if c.type == RECONCILING else c for c in conds]

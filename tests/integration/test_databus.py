@@ -36,7 +36,7 @@ from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.owners import LABEL_CONSUMER
 from fibers_stack import StackInfo, node
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
-from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
+from tests.helpers import Resources, debezium_connect, latest_rows, printed, produce, read_records, wait_for
 from tests.integration.conftest import OperatorProcess, free_port, scrape
 
 pytestmark = pytest.mark.databus
@@ -122,6 +122,7 @@ def test_table_is_materialised_in_mongodb(
 
 def test_one_consumer_feeds_two_sinks_from_one_read(
     consumers: Resources,
+    kube: ApiClient,
     cdc: dict[str, Any],
     mongo_secret: str,
     stack_info: StackInfo,
@@ -153,6 +154,7 @@ def test_one_consumer_feeds_two_sinks_from_one_read(
     except AssertionError as exc:
         raise AssertionError(f"{exc}; status.sinks is {consumers.status(unique).get('sinks')}") from None
     assert all(x["errors"] == 0 and x["timeouts"] == 0 for x in status["sinks"])
+    assert printed(kube, "databusconsumers", consumers.namespace, unique)["Sink"] == "mongodb, kafka"
     # The same figures as metrics, for alerts: one series per sink; they go when the consumer goes.
     for sink in ("view", "kafka"):
         [windows] = operator.metric("fibers_databus_sink_windows", name=unique, sink=sink)
@@ -714,6 +716,36 @@ def test_a_consumer_that_exits_says_why_on_the_resource(
     pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"fibers.dev/databusconsumer={unique}")
     container = pods.items[0].spec.containers[0]
     assert container.termination_message_policy == "FallbackToLogsOnError"
+
+
+def test_a_paused_consumer_is_left_as_it_runs_until_the_pause_ends(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    """fibers.dev/paused-reconciliation, as the README gives it for every kind: a DatabusConsumer ignored it
+    and applied every spec change to its StatefulSet."""
+    apps = client.AppsV1Api(kube)
+    consumers.create(unique, {"sources": [f"{unique}-t"], "sink": {"type": "log"}})
+    wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=120, what="one instance ready")
+    consumers.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": "true"}}})
+    consumers.patch(unique, {"spec": {"instances": 2}})
+    generation = consumers.get(unique)["metadata"]["generation"]
+    consumers.wait_status(
+        unique,
+        lambda s: (
+            s.get("observedGeneration") == generation
+            and (next((c for c in s.get("conditions") or [] if c["type"] == "Reconciling"), {}).get("reason"))
+            == "ReconciliationPaused"
+        ),
+        what="the pause said on Reconciling for the changed spec",
+    )
+    assert apps.read_namespaced_stateful_set(unique, namespace).spec.replicas == 1  # looked at, left as it ran
+    consumers.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": None}}})
+    wait_for(
+        lambda: apps.read_namespaced_stateful_set(unique, namespace).spec.replicas == 2,
+        timeout=60,
+        what="two instances once the pause ended",
+    )
+    consumers.delete(unique)
 
 
 def test_a_consumer_whose_pod_cannot_pull_its_image_says_so_at_once(

@@ -110,6 +110,32 @@ def test_register_evolve_refuse_and_list(schemas: Resources, registry: httpx.Cli
     assert versions(registry, subject) == [1, 2]
 
 
+def test_a_paused_schema_changes_nothing_in_the_registry_until_the_pause_ends(
+    schemas: Resources, registry: httpx.Client, unique: str
+) -> None:
+    """fibers.dev/paused-reconciliation, as the README gives it for every kind: a Schema ignored it and
+    registered whatever its spec said."""
+    subject = f"{unique}-value"
+    schemas.create(unique, {"subject": subject, "schema": avro(ID, ITEM)})
+    schemas.wait_condition(unique, "True", "Registered")
+    schemas.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": "true"}}})
+    schemas.patch(unique, {"spec": {"schema": avro(ID, ITEM, QTY_DEFAULT)}})
+    generation = schemas.get(unique)["metadata"]["generation"]
+    paused = schemas.wait_status(
+        unique,
+        lambda s: (
+            s.get("observedGeneration") == generation
+            and (next((c for c in s.get("conditions") or [] if c["type"] == "Reconciling"), {}).get("reason"))
+            == "ReconciliationPaused"
+        ),
+        what="the pause said on Reconciling for the changed spec",
+    )
+    assert versions(registry, subject) == [1] and paused["version"] == 1  # looked at, and nothing registered
+    schemas.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": None}}})
+    schemas.wait_status(unique, lambda s: s.get("version") == 2, what="version 2 once the pause ended")
+    assert versions(registry, subject) == [1, 2]
+
+
 def test_retained_on_delete_by_default_and_soft_deleted_on_request(
     schemas: Resources, registry: httpx.Client, unique: str
 ) -> None:

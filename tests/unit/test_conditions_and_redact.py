@@ -143,3 +143,13 @@ def test_merge_patch_replaces_lists() -> None:
 def test_merge_patch_new_keys_and_type_changes() -> None:
     assert merge_patch({"a": "x"}, {"a": {"b": 1}, "c": [1]}) == {"a": {"b": 1}, "c": [1]}
     assert merge_patch({"a": {"b": 1}}, {"a": "x"}) == {"a": "x"}
+
+
+def test_paused_is_the_annotation_true_and_says_so_on_reconciling_only() -> None:
+    from fibers.conditions import PAUSED, paused, ready, with_paused
+
+    assert paused({"annotations": {"fibers.dev/paused-reconciliation": "true"}})
+    assert not paused({"annotations": {"fibers.dev/paused-reconciliation": "false"}}) and not paused({})
+    conds = with_paused(ready("Registered", "v1"))
+    assert [c.type for c in conds] == ["Ready", "Reconciling", "Stalled"]
+    assert conds[1] == PAUSED and conds[0].status is True and conds[0].reason == "Registered"

@@ -63,6 +63,10 @@ class Pass:
         return spec
 
     @property
+    def paused(self) -> bool:
+        return conditions.paused(self.body["metadata"])
+
+    @property
     def namespace(self) -> str:
         return str(self.body["metadata"]["namespace"])
 
@@ -153,7 +157,7 @@ class DatabusReconciler:
 
     async def _seek(self, p: Pass) -> None:
         seek = p.spec.get("seek")
-        if seek and seek["nonce"] != p.status.get("lastSeekNonce") and not p.conflict:
+        if seek and seek["nonce"] != p.status.get("lastSeekNonce") and not (p.conflict or p.paused):
             try:  # checked before anything stops: a seek that cannot start leaves the consumer running
                 to = seek_position(seek).check(int(time.time() * 1000), "spec.seek.startFrom")
             except StartFromError as exc:
@@ -255,6 +259,8 @@ class DatabusReconciler:
             return None  # the pod cannot start either; the kubelet says why (CreateContainerConfigError)
 
     async def _apply_workload(self, p: Pass) -> None:
+        if p.paused:  # what runs keeps running as it is; a restartNonce waits for the pause to end
+            return
         if p.manifest is not None and not (p.problem or p.conflict):
             await self._apply(p.manifest, p.existing, p.context)
         if p.spec.get("restartNonce"):
@@ -358,6 +364,8 @@ class DatabusReconciler:
         cm_name = workload.checkpoint_config_map(p.body)
         new: dict[str, Any] = {k: v for k, v in status.items() if k in ("lastRestartNonce", "lastSeekNonce")}
         new.update(observedGeneration=generation, checkpointConfigMap=cm_name)
+        # The Sink column's: spec.sink.type alone left it empty for a consumer with `sinks:`.
+        new["sinkTypes"] = ", ".join(sink["type"] for _, sink in sink_specs(spec))
         if topics and not waiting:
             new["sources"] = topics
         elif status.get("sources"):
@@ -401,6 +409,8 @@ class DatabusReconciler:
             stuck=stuck,
         )
         conds = [*conditions.with_upstream_note(conds, p.health), p.health]
+        if p.paused:
+            conds = conditions.with_paused(conds)
         new["phase"] = phase
         new["conditions"] = conditions.merge(status.get("conditions"), conds, generation, format_time(utcnow()))
         p.new_status = new

@@ -106,6 +106,17 @@ class SchemaOperator:
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         self._looked_at[uid] = time.monotonic()
         spec = parse_schema(body["spec"])
+        if conditions.paused(meta):  # the registry is not called: its subject stays as it is
+            kept = {k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")}
+            ready = conditions.find(status.get("conditions"), READY) or {}
+            held = conditions.Condition(
+                READY,
+                ready.get("status") == "True",
+                str(ready.get("reason") or "ReconciliationPaused"),
+                str(ready.get("message") or ""),
+            )
+            await self._write(body, Outcome(status=kept, conditions=[held, conditions.PAUSED]))
+            return
         known = list(registries)
         labels = (namespace, await self.kube.namespace_labels(namespace)) if needs_namespace(known) else None
         try:

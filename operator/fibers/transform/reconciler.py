@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fibers import metrics, pod_trouble, upstream
-from fibers.api import ANNOTATION_PAUSED, SCHEMA_PLURAL, object_ref
+from fibers import conditions, metrics, pod_trouble, upstream
+from fibers.api import SCHEMA_PLURAL, object_ref
 from fibers.conditions import Condition, format_time, parse_time, utcnow
 from fibers.jobs.spec import LABEL_TRANSFORM
 from fibers.kube import Kube, SecretMissing
@@ -201,7 +201,7 @@ class TransformReconciler:
     async def _check(self, p: Pass) -> None:
         """A spec that cannot run starts nothing and stops nothing: a run already going keeps going."""
         view = p.view
-        p.paused = (view.body["metadata"].get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+        p.paused = conditions.paused(view.body["metadata"])
         p.invalid = problem(view.spec, name=view.name, namespace=p.namespace, defaults=self.defaults)
         p.upstreams, cycle = await self._upstream(p.namespace, view)
         if cycle and not p.invalid:
@@ -364,7 +364,14 @@ class TransformReconciler:
         referenced = {u.ref.index: u.topics() for u in p.upstreams if u.body is not None}
         inputs = runs.resolved_inputs(p.view.spec, referenced)
         new_status = runs.report(
-            p.view, p.mirrored, p.now, waiting=p.waiting, invalid=p.invalid, upstream=p.health, inputs=inputs
+            p.view,
+            p.mirrored,
+            p.now,
+            waiting=p.waiting,
+            invalid=p.invalid,
+            upstream=p.health,
+            inputs=inputs,
+            paused=p.paused,
         )
         await self._publish(p.view, new_status, p.context)
         p.view = p.view.with_status(new_status)

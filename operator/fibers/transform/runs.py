@@ -333,6 +333,7 @@ def report(
     no_spark_operator: str = "",
     upstream: Condition | None = None,
     inputs: list[dict[str, Any]] | None = None,
+    paused: bool = False,
 ) -> dict[str, Any]:
     """The Transform's status from its current run (and UpstreamReady, when given).
 
@@ -356,6 +357,8 @@ def report(
         conds, phase = conditions.stalled(INVALID, invalid), "Failed"
     if upstream is not None:
         conds = [*with_upstream_note(conds, upstream), upstream]
+    if paused:
+        conds = conditions.with_paused(conds)
     status.update(
         observedGeneration=generation,
         phase=phase,
