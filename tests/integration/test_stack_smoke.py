@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import struct
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from pymongo import MongoClient
 
-from fibers_stack import StackInfo, audit, images, node
+from fibers_stack import StackInfo, audit, fetch, images, node
 from tests.helpers import avro_converter, drop_slot, read_topic, wait_for
 
 # What buildah pushes (Docker's schema 2) and what an OCI client would: a registry answers a HEAD by either.
@@ -412,3 +414,31 @@ def test_every_pod_pulls_its_image_from_the_registry_by_digest(stack_info: Stack
         assert container.image_pull_policy == "IfNotPresent", where
     listed = node.ctr(Path(stack_info.run_dir), "images", "ls", "-q").stdout.split()
     assert not [ref for ref in listed if ref.startswith("localhost/")]  # nothing imported by hand
+
+
+@pytest.mark.parametrize(
+    ("field", "words"),
+    [
+        ("connectclusters.spec.namespaceSelector.matchExpressions", "label requirement"),
+        ("connects.status.tasks", "One task of the connector"),
+        ("databusconsumers.spec.sourceRefs.connectRef.name", "Name of a Connect in this namespace"),
+        ("transforms.spec.inputs", "One input, a view the SQL reads"),
+        ("schemas.spec.references", "One schema this one references"),
+        ("schemaregistries.spec.auth.bearer.secretRef", "The Secret holding the token"),
+        ("replays.spec.sinks", "reapply"),
+    ],
+)
+def test_kubectl_explain_describes_the_fields_of_each_kind(
+    stack_info: StackInfo, crds: None, field: str, words: str
+) -> None:
+    """What a user reads first about a field, from the API server's published schema (list items and
+    nested references included: they had no description)."""
+    explained = subprocess.run(
+        [str(fetch.kubernetes() / "kubectl"), "explain", field, "--api-version", "fibers.dev/v1beta1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **stack_info.env()},
+    ).stdout
+    assert words in explained, explained
+    assert "<empty>" not in explained.split("FIELDS:")[0], explained
