@@ -146,7 +146,21 @@ class Pipeline:
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
+        # Gone, not only asked to go, while the operator still runs: a Connect's finalizer (its connector
+        # deleted first) is the operator's to remove, and without it the namespace stayed Terminating.
+        wait(lambda: not self._left(), STEP_TIMEOUT, "the pipeline's resources deleted")
         AdminClient({"bootstrap.servers": self.info.kafka_bootstrap}).delete_topics([self.name, f"{self.name}-out"])
+
+    def _left(self) -> list[str]:
+        left = []
+        for plural in ("replays", "connects", "databusconsumers", "transforms"):
+            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)
+            left += [
+                f"{plural}/{i['metadata']['name']}"
+                for i in listing["items"]
+                if i["metadata"]["name"].startswith(self.name)
+            ]
+        return left
 
     def _create(self, plural: str, name: str, spec: dict[str, Any], labels: dict[str, str]) -> None:
         body = {
