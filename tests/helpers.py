@@ -202,14 +202,15 @@ class Resources:
 
 def printed(api: Any, plural: str, namespace: str, name: str) -> dict[str, Any]:
     """The row `kubectl get` prints for one Fibers object, column name → cell (the API server's Table)."""
-    answer = api.call_api(
-        f"/apis/fibers.dev/v1beta1/namespaces/{namespace}/{plural}/{name}",
+    request = api.param_serialize(
         "GET",
+        f"/apis/fibers.dev/v1beta1/namespaces/{namespace}/{plural}/{name}",
         header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        response_type="object",
         auth_settings=["BearerToken"],
-        _return_http_data_only=True,
     )
+    response = api.call_api(*request)
+    response.read()
+    answer = json.loads(response.data)
     names = [column["name"] for column in answer["columnDefinitions"]]
     return dict(zip(names, answer["rows"][0]["cells"], strict=True))
 
