@@ -366,7 +366,7 @@ HEALTH = {
     "databusconsumer-online": ("Healthy", "consuming online"),
     "databusconsumer-bootstrapping": ("Progressing", "BOOTSTRAP_SNAPSHOT"),
     "databusconsumer-checkpoint-invalid": ("Degraded", "is not valid JSON"),
-    "databusconsumer-failing": ("Degraded", "an instance exited"),
+    "databusconsumer-failing": ("Degraded", "instance 1 of 1 (pod ordinal 0) exited"),
     "databusconsumer-stopped": ("Suspended", "no instance runs"),
     "schema-registered": ("Healthy", "orders-value version 2 (id 12)"),
     "schema-incompatible": ("Degraded", "nothing was registered"),

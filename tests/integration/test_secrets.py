@@ -444,7 +444,9 @@ def test_consumer_sink_and_bootstrap_store_uris_are_used_by_reference_and_a_fail
 
     # pymongo named the store's "host" (the password); the condition keeps its words around ***.
     cond = consumers.wait_condition(f"{t}-failing", "False", "ServerSelectionTimeoutError", timeout=180)
-    assert cond["message"].startswith("an instance exited: ServerSelectionTimeoutError: ***:27017: "), cond
+    assert cond["message"].startswith(
+        "instance 1 of 1 (pod ordinal 0) exited: ServerSelectionTimeoutError: ***:27017: "
+    ), cond
     wait_for(
         lambda: any(e.reason == "ServerSelectionTimeoutError" for e in events_about(consumers, f"{t}-failing")),
         timeout=30,

@@ -9,7 +9,7 @@ from typing import Any
 
 from fibers.consumer.telemetry import Snapshot, Telemetry
 from fibers.databus import instances
-from fibers.databus.report import decide
+from fibers.databus.report import decide, stopped_instances, which_instance
 
 STS_UID = "sts-uid"
 
@@ -83,9 +83,18 @@ def test_the_exit_message_of_an_instance_not_running_again_is_kept_and_redacted(
             ]
         },
     }
-    message = instances.exit_message([failed])
-    assert "secret" not in message and message.endswith("failed")
-    assert instances.exit_message([pod("orders-0", ready=True)]) == ""
+    which, message = instances.exit_message([pod("orders-0", ready=True), {**failed, "metadata": {"name": "orders-2"}}])
+    assert "secret" not in message and message.endswith("failed") and which == 2
+    assert instances.exit_message([pod("orders-0", ready=True)]) == (-1, "")
+
+
+def test_ready_names_the_instance_that_failed() -> None:
+    """Ready said "an instance exited: …": with three instances, nobody knew which pod to look at."""
+    conds, phase = decide({"instances": 3}, {}, "", "", "ValueError: bad row", "", failing=which_instance(1, 3))
+    ready = next(c for c in conds if c.type == "Ready")
+    assert (phase, ready.reason) == ("Failed", "ValueError")
+    assert ready.message == "instance 2 of 3 (pod ordinal 1) exited: ValueError: bad row"
+    assert stopped_instances({"fibers.dev/stopped-1": "KeyError: x"}, 3) == (1, "KeyError: x")
 
 
 def test_a_waiting_instance_is_the_consumers_condition() -> None:

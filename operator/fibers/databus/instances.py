@@ -17,9 +17,10 @@ from fibers.databus.workload import METRICS_PORT
 from fibers.redact import redact, truncate
 
 
-def exit_message(pods: list[dict[str, Any]]) -> str:
-    """The last error an instance exited with, while it is not running again ("": none)."""
-    for pod in pods:
+def exit_message(pods: list[dict[str, Any]]) -> tuple[int, str]:
+    """The last error an instance exited with, while it is not running again, and that instance's ordinal
+    (its pod's, from the StatefulSet's name-ordinal); (-1, "") when none did."""
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name") or "")):
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             if cs.get("ready"):
                 continue
@@ -27,8 +28,14 @@ def exit_message(pods: list[dict[str, Any]]) -> str:
             if terminated and terminated.get("exitCode"):
                 # The consumer's termination message (or, with FallbackToLogsOnError, its log's tail).
                 message = (terminated.get("message") or "").strip() or f"exited with code {terminated['exitCode']}"
-                return truncate(redact(message, ()))
-    return ""
+                return ordinal(pod), truncate(redact(message, ()))
+    return -1, ""
+
+
+def ordinal(pod: dict[str, Any]) -> int:
+    """A StatefulSet pod's ordinal, the number after its name's last dash (-1 if it has none)."""
+    tail = str((pod.get("metadata") or {}).get("name") or "").rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def _running_unready(pod: dict[str, Any], owner_uid: str) -> str:

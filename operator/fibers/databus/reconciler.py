@@ -386,9 +386,11 @@ class DatabusReconciler:
 
         new["readyInstances"] = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
         cm_annotations = (cm or {}).get("metadata", {}).get("annotations") or {}
-        stopped = report.stopped_instances(cm_annotations, int(spec.get("instances", 1)))
+        wanted = int(spec.get("instances", 1))
+        stopped_at, stopped = report.stopped_instances(cm_annotations, wanted)
         pods = await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
-        failure = stopped or instances.exit_message(pods)
+        exited_at, exited = instances.exit_message(pods)
+        failure, failing_at = (stopped, stopped_at) if stopped else (exited, exited_at)
         unready = ""
         if sts and not failure and new["readyInstances"] < int(spec.get("instances", 1)):
             unready = await instances.unready_reasons(pods, sts["metadata"]["uid"])
@@ -404,6 +406,7 @@ class DatabusReconciler:
             failure,
             waiting,
             halted=bool(stopped),
+            failing=report.which_instance(failing_at, wanted),
             conflict=p.conflict,
             unready=unready,
             stuck=stuck,

@@ -24,8 +24,9 @@ def mirror_checkpoints(status: dict[str, Any], checkpoints: Checkpoints) -> None
         status["timelines"] = len(checkpoints)
 
 
-def stopped_instances(annotations: dict[str, str], instances: int) -> str:
-    """Why an instance stopped for good and waits to be replaced (the first current one), or "".
+def stopped_instances(annotations: dict[str, str], instances: int) -> tuple[int, str]:
+    """Why an instance stopped for good and waits to be replaced (the first current one) and its ordinal,
+    or (-1, "").
 
     A consumer pod that cannot go on says so on its checkpoint ConfigMap and waits, rather than exit and
     be restarted into the same failure (a crash loop); the pods that replace it clear it when they start.
@@ -33,8 +34,15 @@ def stopped_instances(annotations: dict[str, str], instances: int) -> str:
     for key, value in sorted(annotations.items()):
         ordinal = key.removeprefix(STOPPED_ANNOTATION)
         if key.startswith(STOPPED_ANNOTATION) and ordinal.isdigit() and int(ordinal) < instances and value:
-            return truncate(redact(value, ()))
-    return ""
+            return int(ordinal), truncate(redact(value, ()))
+    return -1, ""
+
+
+def which_instance(ordinal: int, instances: int) -> str:
+    """How Ready names a failing instance: "instance 2 of 3 (pod ordinal 1)", or "an instance" when not known."""
+    if ordinal < 0:
+        return "an instance"
+    return f"instance {ordinal + 1} of {instances} (pod ordinal {ordinal})"
 
 
 def stopped(spec: dict[str, Any]) -> bool:
@@ -51,6 +59,7 @@ def decide(
     waiting: str,
     *,
     halted: bool = False,
+    failing: str = "an instance",
     conflict: str = "",
     unready: str = "",
     stuck: tuple[str, str] | None = None,
@@ -74,7 +83,7 @@ def decide(
     if failure:
         reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
         verb = "stopped and waits to be replaced" if halted else "exited"
-        return conditions.waiting(reason, f"an instance {verb}: {failure}"), "Failed"
+        return conditions.waiting(reason, f"{failing} {verb}: {failure}"), "Failed"
     wanted = int(spec.get("instances", 1))
     if stuck:  # a pod that will not start by waiting: the kubelet's or the scheduler's reason and words
         return conditions.waiting(
