@@ -190,6 +190,21 @@ class Resources:
 
         return wait_for(probe, timeout=timeout, what=f"a {reason} event about {self.kind} {name}")
 
+    def wait_paused(self, name: str, *, timeout: float = 60) -> dict[str, Any]:
+        """The status once the operator has looked at the current generation and said it acts on nothing
+        (`fibers.dev/paused-reconciliation`: Reconciling=False ReconciliationPaused)."""
+        generation = self.get(name)["metadata"]["generation"]
+
+        def paused(status: dict[str, Any]) -> bool:
+            reconciling = next((c for c in status.get("conditions") or [] if c["type"] == "Reconciling"), {})
+            return (
+                status.get("observedGeneration") == generation and reconciling.get("reason") == "ReconciliationPaused"
+            )
+
+        return self.wait_status(
+            name, paused, timeout=timeout, what="the pause said on Reconciling for the changed spec"
+        )
+
     def wait_status(
         self, name: str, check: Callable[[dict[str, Any]], bool], *, timeout: float = 60, what: str = ""
     ) -> dict[str, Any]:

@@ -12,9 +12,7 @@ the tests install it only around the queue-admission test and remove it after (`
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import fibers_stack as stack
-from fibers_stack import fetch, images, spark_operator
+from fibers_stack import images, releases, spark_operator
 from fibers_stack.layout import kueue_module
 
 log = logging.getLogger("fibers_stack.kueue")
@@ -69,13 +67,6 @@ def values(image: str) -> dict[str, Any]:
     }
 
 
-def _helm(kubeconfig: str, *args: str) -> None:
-    argv = [str(fetch.helm()), "--kubeconfig", kubeconfig, *args]
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"helm {args[0]} failed: {result.stderr.strip() or result.stdout.strip()}")
-
-
 def install(info: stack.StackInfo, api: client.ApiClient) -> None:
     """Build Kueue's image, push it to the stack's registry, install the release, and wait until Kueue's
     webhook answers for SparkApplications."""
@@ -83,24 +74,8 @@ def install(info: stack.StackInfo, api: client.ApiClient) -> None:
     _remove_recreated_roles(api)
     image = images.push(info.oci_registry(), images.kueue())
     run_dir = Path(info.run_dir)
-    values_file = run_dir / "kueue-values.json"
-    values_file.write_text(json.dumps(values(image), indent=2))
     started = time.monotonic()
-    _helm(
-        info.kubeconfig,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(chart()),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--values",
-        str(values_file),
-        "--wait",
-        "--timeout",
-        "5m",
-    )
+    releases.upgrade_install(info.kubeconfig, RELEASE, chart(), NAMESPACE, values(image), run_dir / "kueue-values.json")
     # Ready once its certificates are made and its CA is in the webhook configurations; a dry-run create
     # of a SparkApplication passes both the Spark Operator's webhook and Kueue's then.
     spark_operator.wait_admitted(api)
@@ -119,7 +94,7 @@ def uninstall(api: client.ApiClient, kubeconfig: str, timeout: float = 120) -> N
             if exc.status != 404:
                 raise
     _until(lambda: not _crds(extensions), timeout, "Kueue's CRDs are still there")
-    _helm(kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE)
+    releases.helm(kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE)
     admission = client.AdmissionregistrationV1Api(api)
 
     def webhooks() -> bool:

@@ -12,9 +12,7 @@ namespace without the label is one the Spark Operator does not watch.
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fibers_stack import fetch, images
+from fibers_stack import images, releases
 from fibers_stack.layout import spark_operator_module
 
 log = logging.getLogger("fibers_stack.spark_operator")
@@ -63,33 +61,11 @@ def values(image: str, *, webhook: bool) -> dict[str, Any]:
     }
 
 
-def _helm(kubeconfig: str, *args: str) -> None:
-    argv = [str(fetch.helm()), "--kubeconfig", kubeconfig, *args]
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"helm {args[0]} failed: {result.stderr.strip() or result.stdout.strip()}")
-
-
 def install(api: client.ApiClient, kubeconfig: str, image: str, *, webhook: bool = True, run_dir: Path) -> None:
     """Install (or change) the release and wait until SparkApplications are admitted."""
-    values_file = run_dir / "spark-operator-values.json"
-    values_file.write_text(json.dumps(values(image, webhook=webhook), indent=2))
     started = time.monotonic()
-    _helm(
-        kubeconfig,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(chart()),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--values",
-        str(values_file),
-        "--wait",
-        "--timeout",
-        "5m",
-    )
+    values_file = run_dir / "spark-operator-values.json"
+    releases.upgrade_install(kubeconfig, RELEASE, chart(), NAMESPACE, values(image, webhook=webhook), values_file)
     wait_admitted(api)
     log.info("spark operator ready", extra={"webhook": webhook, "seconds": round(time.monotonic() - started, 1)})
 

@@ -728,16 +728,7 @@ def test_a_paused_consumer_is_left_as_it_runs_until_the_pause_ends(
     wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=120, what="one instance ready")
     consumers.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": "true"}}})
     consumers.patch(unique, {"spec": {"instances": 2}})
-    generation = consumers.get(unique)["metadata"]["generation"]
-    consumers.wait_status(
-        unique,
-        lambda s: (
-            s.get("observedGeneration") == generation
-            and (next((c for c in s.get("conditions") or [] if c["type"] == "Reconciling"), {}).get("reason"))
-            == "ReconciliationPaused"
-        ),
-        what="the pause said on Reconciling for the changed spec",
-    )
+    consumers.wait_paused(unique)
     assert apps.read_namespaced_stateful_set(unique, namespace).spec.replicas == 1  # looked at, left as it ran
     consumers.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": None}}})
     wait_for(
