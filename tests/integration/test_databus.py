@@ -725,7 +725,8 @@ def test_a_paused_consumer_is_left_as_it_runs_until_the_pause_ends(
     and applied every spec change to its StatefulSet."""
     apps = client.AppsV1Api(kube)
     consumers.create(unique, {"sources": [f"{unique}-t"], "sink": {"type": "log"}})
-    wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=120, what="one instance ready")
+    # A first consumer pod on a freshly started node took over 120 s here (load average ~5).
+    wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=240, what="one instance ready")
     consumers.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": "true"}}})
     consumers.patch(unique, {"spec": {"instances": 2}})
     consumers.wait_paused(unique)
