@@ -719,14 +719,15 @@ def test_a_consumer_that_exits_says_why_on_the_resource(
 
 
 def test_a_paused_consumer_is_left_as_it_runs_until_the_pause_ends(
-    consumers: Resources, kube: ApiClient, namespace: str, unique: str
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
 ) -> None:
     """fibers.dev/paused-reconciliation, as the README gives it for every kind: a DatabusConsumer ignored it
     and applied every spec change to its StatefulSet."""
     apps = client.AppsV1Api(kube)
-    consumers.create(unique, {"sources": [f"{unique}-t"], "sink": {"type": "log"}})
-    # A first consumer pod on a freshly started node took over 120 s here (load average ~5).
-    wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=240, what="one instance ready")
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    consumers.create(unique, {"sources": [unique], "sink": {"type": "log"}})
+    wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=120, what="one instance ready")
     consumers.patch(unique, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": "true"}}})
     consumers.patch(unique, {"spec": {"instances": 2}})
     consumers.wait_paused(unique)
@@ -737,6 +738,31 @@ def test_a_paused_consumer_is_left_as_it_runs_until_the_pause_ends(
         timeout=60,
         what="two instances once the pause ended",
     )
+    consumers.delete(unique)
+
+
+def test_a_consumer_applied_before_its_topic_waits_unready_says_why_and_consumes_once_it_exists(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
+) -> None:
+    """A consumer is often applied before what writes its topic (a Connect, a Transform, in one Argo CD sync):
+    its instance exited with "relay topic … does not exist (yet)" and was restarted by the kubelet with a
+    growing back-off: a crash loop, and records written meanwhile waited for the next restart."""
+    consumers.create(unique, {"sources": [unique], "sink": {"type": "log"}, "startPosition": "earliest"})
+    cond = wait_for(
+        lambda: (c := consumers.condition(unique)) and "does not exist yet" in c.get("message", "") and c,
+        timeout=120,
+        what="the missing topic on Ready",
+    )
+    assert cond["status"] == "False" and f"{unique}-0: relay topic {unique} does not exist yet" in cond["message"]
+    pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}")
+    assert [cs.restart_count for p in pods.items for cs in p.status.container_statuses or []] == [0]
+    admin = AdminClient({"bootstrap.servers": stack_info.kafka_bootstrap})
+    admin.create_topics([NewTopic(unique, 1, 1)])[unique].result(30)
+    produce(stack_info.kafka_bootstrap, unique, [{"id": i} for i in range(3)], key="id")
+    consumers.wait_status(unique, lambda s: s.get("eventsProcessed") == 3, timeout=120, what="the records")
+    consumers.wait_condition(unique, "True", timeout=60)
+    pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}")
+    assert [cs.restart_count for p in pods.items for cs in p.status.container_statuses or []] == [0]
     consumers.delete(unique)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fibers.consumer.telemetry import Snapshot, Telemetry
@@ -104,3 +105,19 @@ def test_a_waiting_instance_is_the_consumers_condition() -> None:
     assert phase == "Pending"
     assert (conds[0].status, conds[0].reason) == (False, "InstancesWaiting")
     assert conds[0].message == f"1/2 instances ready; {said}"
+
+
+def test_a_running_instance_that_says_nothing_yet_is_asked_again_a_few_times_then_left() -> None:
+    """Nothing changes while an instance waits (for its relay topic, say) after its first, silent answer."""
+    started = datetime(2026, 11, 28, 4, 0, 0, tzinfo=UTC)
+    starting = pod("orders-0", ready=False)
+    starting["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-11-28T04:00:00Z"
+    at = instances.silent_look_due
+
+    assert at([starting], STS_UID, started + timedelta(seconds=1)) == started + timedelta(seconds=3)
+    assert at([starting], STS_UID, started + timedelta(seconds=20)) == started + timedelta(seconds=30)
+    assert at([starting], STS_UID, started + timedelta(minutes=5)) is None  # silent for good: left to the resync
+    ready = pod("orders-0", ready=True)
+    ready["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-11-28T04:00:00Z"
+    assert at([ready], STS_UID, started) is None
+    assert at([dict(starting, metadata={"name": "x", "ownerReferences": [{"uid": "other"}]})], STS_UID, started) is None

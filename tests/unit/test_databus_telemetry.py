@@ -128,3 +128,6 @@ def test_ready_until_the_api_server_has_not_taken_checkpoints_for_a_while_and_me
     assert (status, text) == (503, f"waiting for the API server to take its checkpoints since {stamp}")
     status, text = get("/metrics")
     assert status == 200 and "fibers_consumer_api_waiting_seconds" in text
+    # Waiting for its relay topic: not ready from the start, and said before anything else.
+    current[0] = dataclasses.replace(base, waiting_for="relay topic orders does not exist yet")
+    assert get("/ready") == (503, "relay topic orders does not exist yet")

@@ -21,7 +21,7 @@ import threading
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from fibers import lineage, termination
 from fibers.api import API_VERSION
@@ -105,6 +105,7 @@ class Runtime:
         owner = {"apiVersion": API_VERSION, "kind": "DatabusConsumer", "name": config.name, "uid": uid} if uid else None
         self.leases = Leases(api, config.namespace, members.holder, labels=config.labels, owner=owner)
         self.lags: dict[str, int] = {}  # timeline key → records after its checkpoint, as last measured
+        self.waiting_for = ""  # what the run waits for before it can consume (said on /ready), "" once it runs
         self.telemetry = Telemetry(config.name, self.snapshot) if telemetry else None
         if self.telemetry:
             self.sinks.timers = [self.telemetry.sink_timer(name) for name in names]
@@ -215,11 +216,30 @@ class Runtime:
     # ----- Kafka ------------------------------------------------------------------------------------
 
     def _all_partitions(self, topic: str) -> list[int]:
-        metadata = self.consumer.list_topics(topic, timeout=KAFKA_METADATA_TIMEOUT_SECONDS)
-        info = metadata.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            raise ConsumerStopped(f"relay topic {topic} does not exist (yet)", code=4)
-        return sorted(info.partitions)
+        """The topic's partitions, waited for while it does not exist: a consumer is often applied before
+        what writes its topic (a Connect, a Transform). The instance stays unready meanwhile and its
+        readiness answer says why (the operator puts it on Ready); exiting instead made a crash loop."""
+        attempt = 0
+        while True:
+            try:
+                metadata = self.consumer.list_topics(topic, timeout=KAFKA_METADATA_TIMEOUT_SECONDS)
+            except KafkaException as exc:
+                missing = f"Kafka does not answer for relay topic {topic}: {self._masked(exc)}"
+            else:
+                info = metadata.topics.get(topic)
+                if info is not None and info.error is None and info.partitions:
+                    if attempt:
+                        log.info("relay topic %s found after %d look(s)", topic, attempt)
+                    self.waiting_for = ""
+                    return sorted(info.partitions)
+                missing = f"relay topic {topic} does not exist yet"
+            if not attempt or missing != self.waiting_for:
+                log.warning("%s; waiting for it (the instance stays unready)", missing)
+            self.waiting_for = missing
+            attempt += 1
+            if self.stopping.requested:
+                raise StoppedWaiting(f"for relay topic {topic}")
+            self.stopping.transient(attempt)
 
     def _low_watermark(self, topic: str, partition: int) -> int:
         low, _ = self.consumer.get_watermark_offsets(
@@ -263,6 +283,7 @@ class Runtime:
             attempt=self.progress.attempt,
             undecodable=dict(self.undecodable.counts),
             api_waiting_since=self.store.waiting_since,
+            waiting_for=self.waiting_for,
         )
 
     def _lag(self) -> int:

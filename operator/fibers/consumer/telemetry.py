@@ -69,6 +69,7 @@ class Snapshot:
     api_waiting_since: float | None = (
         None  # Unix time the API server stopped answering checkpoint writes; None: it answers
     )
+    waiting_for: str = ""  # what the instance waits for before it can consume ("": nothing), e.g. its topic
 
 
 class ConsumerCollector(Collector):
@@ -190,8 +191,11 @@ class Telemetry:
 
 
 def unready(snapshot: Snapshot, now: float) -> str:
-    """Why the instance is not ready ("": it is): the API server has not taken its checkpoints for a while.
+    """Why the instance is not ready ("": it is): it waits for something it needs to start (its relay topic),
+    or the API server has not taken its checkpoints for a while.
     Said with the time it began rather than a duration, so the condition the operator makes of it stays put."""
+    if snapshot.waiting_for:
+        return snapshot.waiting_for
     since = snapshot.api_waiting_since
     if since is not None and now - since >= API_WAIT_UNREADY_SECONDS:
         began = format_time(datetime.fromtimestamp(since, UTC))

@@ -17,3 +17,9 @@ READY_ANSWER_BYTES: Final = 512
 # (their grace period is 30 s, and a stopping consumer writes its last checkpoint within it).
 SEEK_STOP_WAIT_SECONDS: Final = 60.0
 SEEK_STOP_POLL_SECONDS: Final = 0.5
+
+# A running instance that is not ready and does not say why yet (its process still starting, before its /ready
+# answers) is asked again this long after its container started: nothing else changes while it waits (for its
+# relay topic, say), so without these looks its reason would wait for the slow resync. After the last, the
+# instance is taken as silent (a NetworkPolicy between them) and costs nothing more.
+SILENT_INSTANCE_LOOKS_SECONDS: Final = (3.0, 10.0, 30.0, 60.0)
