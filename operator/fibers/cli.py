@@ -62,7 +62,7 @@ def _consume(args: argparse.Namespace) -> int:
     from fibers.consumer import tuning
     from fibers.consumer.ownership import Members
     from fibers.consumer.runtime import Runtime
-    from fibers.consumer.stops import UNDECODABLE_EXIT
+    from fibers.consumer.stops import FOR_GOOD_EXITS
     from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV, ConsumerConfig
     from fibers.kubeapi import Api
 
@@ -100,7 +100,7 @@ def _consume(args: argparse.Namespace) -> int:
     except Exception as exc:  # run() has written the termination message and the FAIL lineage event
         code = _crashed(exc, config.secrets())
     else:
-        code = _halted(api, config, pod, code) if code == UNDECODABLE_EXIT else code
+        code = _halted(api, config, pod, code) if code in FOR_GOOD_EXITS else code
     if runtime.sinks.driver.abandoned_threads:
         # A callback thread given up on may still be stuck in a server's call, and Python joins a pool's threads
         # at exit: the process would outlive its stop (to the kubelet's SIGKILL). The runtime has shut down.
@@ -114,11 +114,11 @@ SETUP_FOR_GOOD = (ImportError, AttributeError, TypeError, ValueError)
 
 def _halted(api: Api, config: ConsumerConfig, pod: str | None, code: int) -> int:
     """In a pod, a consumer stopped by what no restart can change (a record it may not pass, a callback
-    that does not load) says why on its checkpoint ConfigMap (the operator puts it on the resource's
-    condition) and waits to be replaced, instead of exiting into the same failure again: a crash loop.
-    A spec change, a seek or a restart nonce replaces the pod. Other stops exit: a restart is their
-    retry (a sink down longer than the retries, a relay topic not created yet). Outside a pod (tests,
-    benchmarks) it exits with `code` at once."""
+    that does not load, a relay that no longer holds its next record and no bootstrap store) says why on
+    its checkpoint ConfigMap (the operator puts it on the resource's condition) and waits to be replaced,
+    instead of exiting into the same failure again: a crash loop. A spec change, a seek or a restart nonce
+    replaces the pod. Other stops exit: a restart is their retry (a sink down longer than the retries, a
+    relay that dropped what it was reading). Outside a pod (tests, benchmarks) it exits with `code` at once."""
     if not pod:
         return code
     from fibers import termination

@@ -32,8 +32,10 @@ from pymongo import MongoClient
 from fibers import conditions
 from fibers.consumer.events import decode
 from fibers.consumer.ownership import lease_name
+from fibers.consumer.positions import next_offset as resume_offset
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.owners import LABEL_CONSUMER
+from fibers.databus.workload import METRICS_PORT
 from fibers_stack import StackInfo, node
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
 from tests.helpers import Resources, debezium_connect, latest_rows, printed, produce, read_records, wait_for
@@ -763,6 +765,87 @@ def test_a_consumer_applied_before_its_topic_waits_unready_says_why_and_consumes
     consumers.wait_condition(unique, "True", timeout=60)
     pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}")
     assert [cs.restart_count for p in pods.items for cs in p.status.container_statuses or []] == [0]
+    consumers.delete(unique)
+
+
+def test_a_live_consumer_throttles_checkpoints_restarts_suspends_falls_off_its_relay_and_is_sought_back(
+    consumers: Resources, kube: ApiClient, namespace: str, unique: str, stack_info: StackInfo
+) -> None:
+    """One consumer through its life: checkpoint writes throttled under a stream of windows, a restartNonce,
+    suspended and running again while it runs (not only created suspended), its relay aging out the records
+    it had not read with no bootstrap store (it stops and says RelayFallOff, never resets its offset
+    silently, and waits instead of exiting into a crash loop as it did), then a seek with a nonce."""
+    core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
+    bootstrap, key = stack_info.kafka_bootstrap, f"{unique}.0"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    short = {"retention.ms": "3000", "segment.ms": "500", "segment.bytes": "1048576"}
+    admin.create_topics([NewTopic(unique, 1, 1, config=short)])[unique].result(30)
+    spec = {"sources": [unique], "sink": {"type": "log"}, "checkpoint": {"minIntervalSeconds": 2}}
+    consumers.create(unique, spec)
+    wait_for(lambda: consumers.status(unique).get("readyInstances") == 1, timeout=120, what="one instance ready")
+
+    def pod() -> client.V1Pod:
+        return wait_for(lambda: consumer_pod(kube, namespace, unique), timeout=120, what="a ready pod")
+
+    def figure(series: str) -> float:
+        text = httpx.get(f"http://{pod().status.pod_ip}:{METRICS_PORT}/metrics", timeout=5).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == series
+        )
+
+    def next_offset() -> int | None:
+        return resume_offset(stored_checkpoint(kube, namespace, unique, key))
+
+    # A record every 150 ms, each its own window: one checkpoint write per 2 s, not one per window.
+    windows, writes = figure("fibers_consumer_windows_total"), figure("fibers_consumer_checkpoint_writes_total")
+    for i in range(20):
+        produce(bootstrap, unique, [{"id": i}], key="id")
+        time.sleep(0.15)
+    wait_for(lambda: next_offset() == 20, timeout=30, what="the 20 records checkpointed")
+    windows = figure("fibers_consumer_windows_total") - windows
+    writes = figure("fibers_consumer_checkpoint_writes_total") - writes
+    print(f"{windows:.0f} windows, {writes:.0f} checkpoint writes")
+    assert windows >= 10 and 1 <= writes <= windows / 3
+
+    first = pod().metadata.uid
+    consumers.patch(unique, {"spec": {"restartNonce": "1"}})
+    wait_for(
+        lambda: (p := consumer_pod(kube, namespace, unique)) and p.metadata.uid != first, timeout=120, what="a new pod"
+    )
+    consumers.wait_status(unique, lambda s: s.get("lastRestartNonce") == "1", timeout=30, what="the nonce acted on")
+    assert next_offset() == 20  # resumed from its checkpoint
+
+    consumers.patch(unique, {"spec": {"state": "suspended"}})
+    consumers.wait_status(unique, lambda s: s.get("phase") == "Suspended", timeout=90, what="suspended")
+    assert apps.read_namespaced_stateful_set(unique, namespace).spec.replicas == 0
+    for round_ in range(3):  # records it misses, over several segments, which the relay then drops
+        produce(bootstrap, unique, [{"id": 100 + round_}], key="id")
+        time.sleep(1)
+    wait_for(lambda: low_watermark(bootstrap, unique) > 20, timeout=60, what="the unread records aged out")
+
+    consumers.patch(unique, {"spec": {"state": "running"}})
+    cond = wait_for(
+        lambda: (c := consumers.condition(unique)) and "RelayFallOff" in c.get("message", "") and c,
+        timeout=120,
+        what="the fall-off on Ready",
+    )
+    assert cond["status"] == "False" and "configure a bootstrap store or seek" in cond["message"]
+    time.sleep(15)  # a crash loop would have restarted it by now
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}").items
+    assert [cs.restart_count for p in pods for cs in p.status.container_statuses or []] == [0]
+    assert next_offset() == 20  # never reset silently
+
+    consumers.patch(unique, {"spec": {"seek": {"to": "earliest", "nonce": "1"}}})
+    high = 23
+    wait_for(lambda: next_offset() == high, timeout=120, what="consumed again from what Kafka keeps")
+    consumers.wait_condition(unique, "True", timeout=60)
+
+    consumers.patch(unique, {"spec": {"state": "stopped"}})  # the older word
+    consumers.wait_status(unique, lambda s: s.get("phase") == "Stopped", timeout=90, what="stopped")
+    assert core.list_namespaced_pod(namespace, label_selector=f"{LABEL_CONSUMER}={unique}").items == []
     consumers.delete(unique)
 
 

@@ -17,7 +17,7 @@ from fibers.consumer.bootstrap import Bootstrap
 from fibers.consumer.checkpoint_store import CheckpointStore
 from fibers.consumer.ownership import Leases, Members, lease_name, owned_keys
 from fibers.consumer.positions import NEXT_OFFSET, Positions
-from fibers.consumer.stops import BootstrapInterrupted, ConsumerStopped, Stopping
+from fibers.consumer.stops import RELAY_GONE_EXIT, BootstrapInterrupted, ConsumerStopped, Stopping
 from fibers.consumer.tuning import KAFKA_METADATA_TIMEOUT_SECONDS, OWNERSHIP_CHECK_SECONDS, TAKE_RETRIES
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.config import ConsumerConfig
@@ -186,7 +186,7 @@ class Assignment:
         )
         if before_retention(found.offset, low):
             message = retention_message(self.config.start_field, start.timestamp_ms, topic, partition, low)
-            raise ConsumerStopped(message, code=5)
+            raise ConsumerStopped(message, code=RELAY_GONE_EXIT)
         return offset_at(found.offset, high)
 
     def _drop(self, key: str) -> None:

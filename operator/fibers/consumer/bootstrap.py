@@ -22,7 +22,7 @@ from fibers.consumer.batches import Progress
 from fibers.consumer.events import ChangeEvent
 from fibers.consumer.positions import NEXT_OFFSET, Positions
 from fibers.consumer.sinkset import SinkSet
-from fibers.consumer.stops import ConsumerStopped, Stopping
+from fibers.consumer.stops import RELAY_GONE_EXIT, ConsumerStopped, Stopping
 from fibers.consumer.store import BootstrapStore
 from fibers.consumer.tuning import BOOTSTRAP_PAGE_ROWS
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode
@@ -92,7 +92,7 @@ class Bootstrap:
                     raise ConsumerStopped(
                         f"RelayFallOff: {topic}/{partition} resumes at offset {resume} but Kafka only keeps "
                         f"offsets from {low}; configure a bootstrap store or seek explicitly",
-                        code=5,
+                        code=RELAY_GONE_EXIT,
                     )
                 log.warning("fell off the relay", extra={"topic": topic, "partition": partition, "next_offset": resume})
                 return True
@@ -101,7 +101,9 @@ class Bootstrap:
     def run(self, topic: str, partitions: list[int], *, reason: str) -> None:
         """Snapshot (unless a catch-up is under way), then catch-up; the partitions end online."""
         if not self.config.bootstrap:
-            raise ConsumerStopped(f"cannot bootstrap {topic} ({reason}): no bootstrap store configured", code=5)
+            raise ConsumerStopped(
+                f"cannot bootstrap {topic} ({reason}): no bootstrap store configured", code=RELAY_GONE_EXIT
+            )
         uri = os.environ.get(self.config.bootstrap["uriEnv"], "")
         mongo: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=SELECTION_TIMEOUT_MS)
         store = BootstrapStore(mongo[self.config.bootstrap["database"]])

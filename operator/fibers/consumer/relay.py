@@ -20,7 +20,7 @@ from fibers.consumer.checkpoint_store import CheckpointStore
 from fibers.consumer.events import ChangeEvent, MalformedEvent, Parser, decode
 from fibers.consumer.positions import NEXT_OFFSET, Positions
 from fibers.consumer.sinkset import SinkSet
-from fibers.consumer.stops import UNDECODABLE_EXIT, ConsumerStopped, StoppedWaiting, Stopping
+from fibers.consumer.stops import RELAY_LOST_EXIT, UNDECODABLE_EXIT, ConsumerStopped, StoppedWaiting, Stopping
 from fibers.consumer.tuning import BATCH_RECORDS, IDLE_WAIT_SECONDS, QUIET_SECONDS
 from fibers.consumer.undecodable import UndecodablePolicy
 from fibers.databus.checkpoint import Checkpoint
@@ -238,6 +238,6 @@ class Relay:
 
 def _relay_error(error: KafkaError) -> None:
     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-        raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=5)
+        raise ConsumerStopped(f"RelayFallOff: {error.str()} (restart to bootstrap)", code=RELAY_LOST_EXIT)
     if not (error.retriable() or error.code() == KafkaError._PARTITION_EOF):
         raise ConsumerStopped(f"Kafka error: {error.str()}")

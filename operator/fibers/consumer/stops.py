@@ -8,6 +8,14 @@ import threading
 from fibers.consumer.tuning import MAX_RETRY_PAUSE_SECONDS, TRANSIENT_RETRY_BASE_SECONDS, TRANSIENT_RETRY_CAP_SECONDS
 
 UNDECODABLE_EXIT = 6  # the exit code of a consumer stopped on a record it cannot decode (spec.onUndecodable: fail)
+# The relay no longer holds what the consumer must read next (it fell off, or startFrom is before what Kafka
+# keeps) and there is no bootstrap store to read it from: no restart changes that, a seek does.
+RELAY_GONE_EXIT = 5
+# A relay that dropped the records the consumer was reading while it read them: a restart resumes from the
+# checkpoint and finds it fell off (bootstrapping from the store, or stopping with RELAY_GONE_EXIT).
+RELAY_LOST_EXIT = 7
+# Stops no restart changes: the pod says why on the checkpoint ConfigMap and waits to be replaced.
+FOR_GOOD_EXITS = frozenset({UNDECODABLE_EXIT, RELAY_GONE_EXIT})
 
 
 class ConsumerStopped(Exception):
