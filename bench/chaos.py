@@ -373,6 +373,54 @@ def transform_kills(ctx: Context, *, transforms: int, reruns: int) -> dict[str, 
     return figures
 
 
+def transform_write_ahead_kill(ctx: Context, name: str) -> dict[str, Any]:
+    """Kill the operator exactly between the write-ahead status write and the SparkApplication's create
+    (the failpoint `transform.recorded`), after a rerun request: the operator that comes next creates the run
+    recorded, under its name and submission id, once. A random kill moment may never land there."""
+    items = Resources(ctx.api, "transforms", ctx.namespace)
+    wait_for(lambda: items.status(name).get("phase") in ("Succeeded", "Failed"), timeout=600, what=f"{name} done")
+    ctx.operator.stop()
+    plain = dict(ctx.operator.env)
+    ctx.operator.env = {**plain, "FIBERS_FAILPOINTS": "transform.recorded=kill"}
+    ctx.operator.start()
+    items.patch(name, {"spec": {"rerunNonce": "write-ahead"}})
+    assert ctx.operator.proc is not None
+    ctx.operator.proc.wait(timeout=120)  # killed by its failpoint
+    recorded = dict(items.status(name)["currentRun"])
+    created_before = _app_named(ctx, recorded["name"]) is not None
+    ctx.operator.env = plain
+    ctx.operator.start()
+    wait_for(lambda: _app_named(ctx, recorded["name"]), timeout=120, what="the recorded run created", interval=1)
+    after = dict(items.status(name)["currentRun"])
+    figures = {
+        "created_before_restart": created_before,
+        "same_run": after["name"] == recorded["name"],
+        "same_submission_id": after.get("submissionId") == recorded.get("submissionId"),
+        "spark_applications": len(_apps_of(ctx, name)),
+    }
+    say(f"write-ahead kill: {figures}")
+    return figures
+
+
+def _apps_of(ctx: Context, name: str) -> list[dict[str, Any]]:
+    apps = ctx.custom.list_namespaced_custom_object(
+        "sparkoperator.k8s.io", "v1beta2", ctx.namespace, "sparkapplications"
+    )
+    return [a for a in apps["items"] if a["metadata"].get("labels", {}).get("fibers.dev/transform") == name]
+
+
+def _app_named(ctx: Context, run: str) -> dict[str, Any] | None:
+    try:
+        app = ctx.custom.get_namespaced_custom_object(
+            "sparkoperator.k8s.io", "v1beta2", ctx.namespace, "sparkapplications", run
+        )
+    except client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(app)
+
+
 # ----- consumer-kills and faults: a consumer under load -------------------------------------------------
 
 

@@ -34,6 +34,15 @@ def test_operator_killed_after_rerun_requests_makes_exactly_one_run_each(ctx: ch
     figures = chaos.transform_kills(ctx, transforms=1, reruns=1)  # the benchmark makes 30 (bench/chaos.py)
     assert (figures["extra_spark_applications"], figures["missing_runs"]) == (0, 0)
     assert figures["spark_applications"] == 2
+    # The kill exactly between the write-ahead status write and the create: the run recorded is created
+    # by the next operator, under its name and submission id, and no other.
+    ahead = chaos.transform_write_ahead_kill(ctx, "t0")
+    assert ahead == {
+        "created_before_restart": False,
+        "same_run": True,
+        "same_submission_id": True,
+        "spark_applications": 3,
+    }
 
 
 def test_consumer_pods_deleted_under_write_load_lose_nothing(ctx: chaos.Context) -> None:

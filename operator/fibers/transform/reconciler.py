@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fibers import conditions, metrics, pod_trouble, upstream
+from fibers import conditions, failpoints, metrics, pod_trouble, upstream
 from fibers.api import SCHEMA_PLURAL, object_ref
 from fibers.conditions import Condition, format_time, parse_time, utcnow
 from fibers.jobs.spec import LABEL_TRANSFORM
@@ -328,6 +328,7 @@ class TransformReconciler:
         status = runs.report(view.with_status(p.status), p.current, p.now, upstream=p.health)
         await self.kube.replace_status(PLURAL, namespace, view.name, status, view.status)
         p.view, p.status = view.with_status(status), status
+        failpoints.hit("transform.recorded")  # tests stop the operator here: recorded, not yet created
         app = sparkapp.build(p.view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
         created = await self.apps.create(app)
         log.info(
