@@ -24,7 +24,7 @@ from fibers.conditions import parse_time
 from fibers.jobs import report
 from fibers.jobs.spec import result_config_map
 from fibers.kube import Kube
-from fibers.transform.sparkapp import SparkApplications
+from fibers.transform.sparkapp import FINISHED_FAILED, SparkApplications, finished, state_of
 from fibers_stack import StackInfo, spark_operator
 from tests.helpers import Resources, lineage_events, produce, read_all, read_topic, spark_apps, wait_for
 from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess, lineage_env
@@ -482,9 +482,14 @@ def test_streaming_keeps_up_suspends_resumes_and_restarts_for_its_secret_without
     transforms.delete(unique)
 
 
-def test_schedule_fires_runs_and_trims_history(
+def test_a_schedule_fires_runs_overlapping_as_its_concurrency_policy_says_and_trims_its_history(
     transforms: Resources, kube: ApiClient, namespace: str, tmp_path: Path, unique: str, operator: OperatorProcess
 ) -> None:
+    """Runs every 20 s: successful and failed runs beyond their history limits go; then runs whose driver
+    cannot be placed (1,000 CPUs) stay going, so slots come due while one goes: Forbid skips the slot, Allow
+    runs them side by side, Replace deletes the run going for the new one (only unit tests with hand-made
+    SparkApplications covered the policies and the failed limit). Parked drivers cost the 2-core machine
+    nothing, where overlapping real runs slowed each other for minutes."""
     (tmp_path / "in.json").write_text('{"id": 1}\n')
     transforms.create(
         unique,
@@ -494,37 +499,79 @@ def test_schedule_fires_runs_and_trims_history(
             "output": {"files": {"path": f"{DATA}/out", "format": "json"}},
             "schedule": "* * * * * */20",  # every 20 seconds (sixth field: seconds)
             "successfulRunsHistoryLimit": 1,
+            "failedRunsHistoryLimit": 0,
+            "submissionDeadlineSeconds": 600,
             "spark": data_volume(tmp_path),
         },
     )
-    runs: list[str] = []  # in the order they started
 
-    def two_runs() -> bool:
-        run = (transforms.status(unique).get("currentRun") or {}).get("name")
-        if run and run not in runs:
-            runs.append(run)
-        return len(runs) >= 2
+    def names() -> list[str]:
+        return [a["metadata"]["name"] for a in spark_apps(kube, namespace, unique)]  # oldest first
 
-    # A run takes half a minute or more on 2 cores; slots that come due while one runs are skipped (Forbid).
-    wait_for(two_runs, timeout=300, what="two scheduled runs", interval=1)
-    assert all(r.startswith(unique) for r in runs)
-    first = runs[0]
-    transforms.wait_status(
-        unique,
-        lambda s: s.get("lastSuccessfulRun") not in (None, first),
-        timeout=180,
-        what="a later scheduled run completed",
-    )
+    def going() -> list[str]:
+        return [
+            a["metadata"]["name"]
+            for a in spark_apps(kube, namespace, unique)
+            if not finished(a) and not a["metadata"].get("deletionTimestamp")
+        ]
+
+    def current() -> str | None:
+        return (transforms.status(unique).get("currentRun") or {}).get("name")
+
     # With a history of one, the first run goes once a later one has succeeded (the current run counts).
+    first = wait_for(lambda: names() and names()[0], timeout=120, what="a scheduled run", interval=1)
+    assert first.startswith(unique)
     wait_for(
-        lambda: first not in {a["metadata"]["name"] for a in spark_apps(kube, namespace, unique)},
-        timeout=120,
-        what="the first run trimmed from the history",
+        lambda: transforms.status(unique).get("lastSuccessfulRun") not in (None, first) and first not in names(),
+        timeout=300,
+        what="a later run succeeded and the first trimmed",
+        interval=1,
     )
     # When the schedule last fired, for the overdue alert (a run that completes ends after it).
     fired = parse_time(transforms.status(unique)["lastScheduleTime"]).timestamp()
     labels = {"namespace": namespace, "name": unique}
     assert operator.metric("fibers_transform_last_schedule_timestamp_seconds", **labels)[0] >= fired
+
+    # Runs that fail: with failedRunsHistoryLimit 0 a failed run goes once it is not the current one.
+    transforms.patch(unique, {"spec": {"sql": "SELECT no_such_column FROM things"}})
+    failed = wait_for(
+        lambda: [a["metadata"]["name"] for a in spark_apps(kube, namespace, unique) if state_of(a) in FINISHED_FAILED],
+        timeout=180,
+        what="a failed run",
+        interval=1,
+    )[0]
+    wait_for(
+        lambda: current() not in (None, failed) and failed not in names(),
+        timeout=120,
+        what="the failed run trimmed once the next one started",
+        interval=1,
+    )
+
+    # Drivers that cannot be placed: each run goes until its deadline, so every later slot overlaps it.
+    before = set(names())
+    transforms.patch(unique, {"spec": {"spark": {"driver": {"cores": 1000, "coreRequest": "1000"}}}})
+    parked = wait_for(lambda: [n for n in names() if n not in before], timeout=120, what="a parked run", interval=1)[0]
+    waited_from = parse_time(transforms.status(unique)["lastScheduleTime"])
+    wait_for(  # Forbid (the default): the next slot is skipped while the parked run goes
+        lambda: parse_time(transforms.status(unique)["lastScheduleTime"]) > waited_from,
+        timeout=60,
+        what="the next slot",
+        interval=1,
+    )
+    assert names()[-1] == parked and parked in going()
+
+    transforms.patch(unique, {"spec": {"concurrencyPolicy": "Allow"}})
+    side_by_side = wait_for(lambda: len(going()) >= 2 and going(), timeout=60, what="two runs at once", interval=1)
+    assert parked in side_by_side
+
+    transforms.patch(unique, {"spec": {"concurrencyPolicy": "Replace"}})
+    wait_for(
+        lambda: (g := going()) and len(g) == 1 and not set(g) & set(side_by_side),
+        timeout=60,
+        what="the runs going deleted for the next slot's",
+        interval=1,
+    )
+    assert not set(side_by_side) & set(names())  # deleted, not left to finish
     transforms.delete(unique)
 
 

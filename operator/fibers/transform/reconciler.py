@@ -163,7 +163,9 @@ class TransformReconciler:
 
     async def _reconcile(self, view: TransformView) -> Again:
         """The steps, in order; each reads what the ones before found (`Pass`)."""
-        p = Pass(view, now=utcnow(), status=view.status, current=dict(view.current))
+        # A copy: the steps change p.status, and the status as read is what the last step compares it with
+        # (a skipped schedule slot moves lastScheduleTime alone: written into the read dict, it was never saved).
+        p = Pass(view, now=utcnow(), status=dict(view.status), current=dict(view.current))
         if (unservable := await self._list_runs(p)) is not None:
             return unservable
         for step in (
@@ -361,6 +363,7 @@ class TransformReconciler:
             p.mirrored.pop("podTrouble", None)
 
     async def _report(self, p: Pass) -> None:
+        saved = p.view.status  # as read, or as `_start_run` wrote it
         p.view = p.view.with_status(p.status)
         referenced = {u.ref.index: u.topics() for u in p.upstreams if u.body is not None}
         inputs = runs.resolved_inputs(p.view.spec, referenced)
@@ -374,11 +377,14 @@ class TransformReconciler:
             inputs=inputs,
             paused=p.paused,
         )
-        await self._publish(p.view, new_status, p.context)
+        await self._publish(p.view, new_status, p.context, saved)
         p.view = p.view.with_status(new_status)
 
-    async def _publish(self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any]) -> None:
-        before = view.status
+    async def _publish(
+        self, view: TransformView, status: dict[str, Any], ctx: dict[str, Any], saved: dict[str, Any] | None = None
+    ) -> None:
+        """Write `status` if it differs from what the API server holds (`saved`; default the view's)."""
+        before = view.status if saved is None else saved
         namespace = view.body["metadata"]["namespace"]
         metrics.transform_seen(namespace, view.name)
         # Set from status at every reconcile, so they survive an operator restart.
