@@ -105,7 +105,8 @@ class Runtime:
         owner = {"apiVersion": API_VERSION, "kind": "DatabusConsumer", "name": config.name, "uid": uid} if uid else None
         self.leases = Leases(api, config.namespace, members.holder, labels=config.labels, owner=owner)
         self.lags: dict[str, int] = {}  # timeline key → records after its checkpoint, as last measured
-        self.waiting_for = ""  # what the run waits for before it can consume (said on /ready), "" once it runs
+        # What the run waits for before it can consume (said on /ready), "" once it runs: not ready before then.
+        self.waiting_for = "looking up its relay topics"
         self.telemetry = Telemetry(config.name, self.snapshot) if telemetry else None
         if self.telemetry:
             self.sinks.timers = [self.telemetry.sink_timer(name) for name in names]
@@ -167,6 +168,7 @@ class Runtime:
         try:
             self.store.load()  # a malformed checkpoint stops the consumer here, before anything is taken
             self.assignment.partitions = {topic: self._all_partitions(topic) for topic in self.config.topics}
+            self.waiting_for = ""
             self.sinks.hook("on_start_consumption")
             self.leases.start()
             self.assignment.look()
@@ -230,16 +232,15 @@ class Runtime:
                 if info is not None and info.error is None and info.partitions:
                     if attempt:
                         log.info("relay topic %s found after %d look(s)", topic, attempt)
-                    self.waiting_for = ""
                     return sorted(info.partitions)
                 missing = f"relay topic {topic} does not exist yet"
             if not attempt or missing != self.waiting_for:
                 log.warning("%s; waiting for it (the instance stays unready)", missing)
             self.waiting_for = missing
             attempt += 1
-            if self.stopping.requested:
-                raise StoppedWaiting(f"for relay topic {topic}")
             self.stopping.transient(attempt)
+            if self.stopping.requested:  # before another metadata call, which may block for its timeout
+                raise StoppedWaiting(f"for relay topic {topic}")
 
     def _low_watermark(self, topic: str, partition: int) -> int:
         low, _ = self.consumer.get_watermark_offsets(

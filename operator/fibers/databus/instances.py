@@ -1,9 +1,10 @@
 """What a consumer's instances say of themselves, read by the operator for the consumer's condition.
 
 An instance that exits leaves its error as the container's termination message. One that runs but cannot
-get on (the API server does not take its checkpoints) answers its readiness probe with 503 and the reason
-(`telemetry.unready`): the kubelet keeps only the status code, so the operator asks the pod itself, and
-only the pods of the consumer's own StatefulSet (a pod merely labelled as one is never asked).
+get on (its relay topic does not exist yet, the API server does not take its checkpoints) answers its
+readiness probe with 503 and the reason (`telemetry.unready`): the kubelet keeps only the status code, so the
+operator asks the pod itself, and only the pods of the consumer's own StatefulSet (a pod merely labelled as one
+is never asked).
 """
 
 from __future__ import annotations

@@ -163,9 +163,7 @@ class TransformReconciler:
 
     async def _reconcile(self, view: TransformView) -> Again:
         """The steps, in order; each reads what the ones before found (`Pass`)."""
-        # A copy: the steps change p.status, and the status as read is what the last step compares it with
-        # (a skipped schedule slot moves lastScheduleTime alone: written into the read dict, it was never saved).
-        p = Pass(view, now=utcnow(), status=dict(view.status), current=dict(view.current))
+        p = Pass(view, now=utcnow(), status=view.status, current=dict(view.current))
         if (unservable := await self._list_runs(p)) is not None:
             return unservable
         for step in (
@@ -314,6 +312,13 @@ class TransformReconciler:
             )
         except InputsNotReady as exc:
             p.waiting = str(exc)
+            # Nothing started: the rerun, seek or slot it was for stays to be carried out once the inputs are
+            # there (recorded as done, it was dropped, and a rerun's deleted runs were never replaced).
+            for key in ("lastRerunNonce", "lastSeekNonce", "lastScheduleTime"):
+                if key in p.view.status:
+                    p.status[key] = p.view.status[key]
+                else:
+                    p.status.pop(key, None)
             return
         if p.current.get("name") != run:
             p.current = {
@@ -363,7 +368,9 @@ class TransformReconciler:
             p.mirrored.pop("podTrouble", None)
 
     async def _report(self, p: Pass) -> None:
-        saved = p.view.status  # as read, or as `_start_run` wrote it
+        # What the API server holds (as read, or as `_start_run` wrote it), to compare the new status with: the
+        # pass's own status, once a skipped schedule slot had moved lastScheduleTime in it, hid that change.
+        saved = p.view.status
         p.view = p.view.with_status(p.status)
         referenced = {u.ref.index: u.topics() for u in p.upstreams if u.body is not None}
         inputs = runs.resolved_inputs(p.view.spec, referenced)
