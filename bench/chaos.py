@@ -65,7 +65,7 @@ import fibers_stack as stack
 from bench import consumer_faults
 from bench.machine import Run, say
 from fibers_stack import crds, namespaces, platform_resources
-from tests.helpers import Resources, debezium_connect, wait_for
+from tests.helpers import Resources, debezium_connect, spark_apps, wait_for
 from tests.integration.conftest import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -387,38 +387,23 @@ def transform_write_ahead_kill(ctx: Context, name: str) -> dict[str, Any]:
     assert ctx.operator.proc is not None
     ctx.operator.proc.wait(timeout=120)  # killed by its failpoint
     recorded = dict(items.status(name)["currentRun"])
-    created_before = _app_named(ctx, recorded["name"]) is not None
+
+    def run_created() -> bool:
+        return any(a["metadata"]["name"] == recorded["name"] for a in spark_apps(ctx.api, ctx.namespace, name))
+
+    created_before = run_created()
     ctx.operator.env = plain
     ctx.operator.start()
-    wait_for(lambda: _app_named(ctx, recorded["name"]), timeout=120, what="the recorded run created", interval=1)
+    wait_for(run_created, timeout=120, what="the recorded run created", interval=1)
     after = dict(items.status(name)["currentRun"])
     figures = {
         "created_before_restart": created_before,
         "same_run": after["name"] == recorded["name"],
         "same_submission_id": after.get("submissionId") == recorded.get("submissionId"),
-        "spark_applications": len(_apps_of(ctx, name)),
+        "spark_applications": len(spark_apps(ctx.api, ctx.namespace, name)),
     }
     say(f"write-ahead kill: {figures}")
     return figures
-
-
-def _apps_of(ctx: Context, name: str) -> list[dict[str, Any]]:
-    apps = ctx.custom.list_namespaced_custom_object(
-        "sparkoperator.k8s.io", "v1beta2", ctx.namespace, "sparkapplications"
-    )
-    return [a for a in apps["items"] if a["metadata"].get("labels", {}).get("fibers.dev/transform") == name]
-
-
-def _app_named(ctx: Context, run: str) -> dict[str, Any] | None:
-    try:
-        app = ctx.custom.get_namespaced_custom_object(
-            "sparkoperator.k8s.io", "v1beta2", ctx.namespace, "sparkapplications", run
-        )
-    except client.exceptions.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return dict(app)
 
 
 # ----- consumer-kills and faults: a consumer under load -------------------------------------------------
