@@ -138,6 +138,10 @@ class Resources:
         )
         return result
 
+    def printed(self, name: str) -> dict[str, Any]:
+        """The row `kubectl get -o wide` prints for it."""
+        return printed(self.custom.api_client, self.plural, self.namespace, name)
+
     def get(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.custom.get_namespaced_custom_object(
             "fibers.dev", "v1beta1", self.namespace, self.plural, name
@@ -215,11 +219,13 @@ class Resources:
         return wait_for(probe, timeout=timeout, what=what or f"{self.kind} {name} status")
 
 
-def printed(api: Any, plural: str, namespace: str, name: str) -> dict[str, Any]:
-    """The row `kubectl get` prints for one Fibers object, column name → cell (the API server's Table)."""
+def printed(api: Any, plural: str, namespace: str | None, name: str) -> dict[str, Any]:
+    """The row `kubectl get -o wide` prints for one Fibers object, column name → cell (the API server's
+    Table); `namespace` None for a cluster-scoped kind."""
+    where = f"namespaces/{namespace}/" if namespace else ""
     request = api.param_serialize(
         "GET",
-        f"/apis/fibers.dev/v1beta1/namespaces/{namespace}/{plural}/{name}",
+        f"/apis/fibers.dev/v1beta1/{where}{plural}/{name}",
         header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
         auth_settings=["BearerToken"],
     )

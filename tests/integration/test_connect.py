@@ -91,6 +91,15 @@ def test_create_runs_the_connector_and_reports_it(
         f"record {i}" for i in range(3)
     ]
     connects.wait_status(unique, lambda s: s.get("topics") == [unique], what="topics reported", timeout=30)
+    row = connects.printed(unique)
+    assert (row["Class"], row["State"], row["Tasks"], row["Ready"], row["Reason"]) == (
+        "FileStreamSource",
+        "RUNNING",
+        "1/1",
+        "True",
+        "Running",
+    )
+    assert row["Cluster"] == status["cluster"] and row["Cluster"]
 
 
 def test_spec_update_is_applied_and_drift_is_reverted(

@@ -38,7 +38,7 @@ from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.workload import METRICS_PORT
 from fibers_stack import StackInfo, node
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT
-from tests.helpers import Resources, debezium_connect, latest_rows, printed, produce, read_records, wait_for
+from tests.helpers import Resources, debezium_connect, latest_rows, produce, read_records, wait_for
 from tests.integration.conftest import OperatorProcess, free_port, scrape
 
 pytestmark = pytest.mark.databus
@@ -156,7 +156,14 @@ def test_one_consumer_feeds_two_sinks_from_one_read(
     except AssertionError as exc:
         raise AssertionError(f"{exc}; status.sinks is {consumers.status(unique).get('sinks')}") from None
     assert all(x["errors"] == 0 and x["timeouts"] == 0 for x in status["sinks"])
-    assert printed(kube, "databusconsumers", consumers.namespace, unique)["Sink"] == "mongodb, kafka"
+    row, now = consumers.printed(unique), consumers.status(unique)
+    assert (row["Sink"], row["Mode"], row["Ready"], row["Upstream"]) == (
+        "mongodb, kafka",
+        "ONLINE_CONSUMPTION",
+        "True",
+        "True",
+    )
+    assert row["SCN"] == now["windowScn"] > 0 and row["Lag"] == now["lag"]
     # The same figures as metrics, for alerts: one series per sink; they go when the consumer goes.
     for sink in ("view", "kafka"):
         [windows] = operator.metric("fibers_databus_sink_windows", name=unique, sink=sink)

@@ -141,6 +141,15 @@ def test_a_sink_connector_replayed_from_a_time_delivers_again_from_there_and_lin
     assert steps[f"{unique}-src"]["state"] == "Skipped"
     assert "a source connector has no position in time" in steps[f"{unique}-src"]["message"]
     assert (steps[f"{unique}-sink"]["state"], steps[f"{unique}-sink"]["records"]) == ("Repositioned", 6)
+    row = replays.printed(unique)
+    assert (row["Pipeline"], row["From"], row["Phase"], row["Ready"], row["Reason"]) == (
+        unique,
+        format_time(t),
+        "Succeeded",
+        "True",
+        "Replayed",
+    )
+    assert row["Steps"] == replays.status(unique)["progress"] and row["Steps"]
     wait_for(lambda: len(lines()) == 16, timeout=90, what="the six records since T delivered again")
     assert lines()[10:] == lines()[4:10]  # the same records, from the first at T on
     status = connects.status(f"{unique}-sink")

@@ -57,6 +57,12 @@ def test_the_install_section_has_the_four_blocks_a_platform_team_runs() -> None:
     assert "helm install" in blocks[1] and "helm upgrade" in blocks[2] and "helm uninstall" in blocks[3]
 
 
+def test_a_chosen_name_is_never_replaced_again() -> None:
+    # The namespaces CI met: the first one's name holds the second placeholder.
+    names = {"team-a": "readme-team-b94df", "team-b": "readme-team-1896a"}
+    assert substitute("{team-a,team-b}", names) == "{readme-team-b94df,readme-team-1896a}"
+
+
 @pytest.fixture
 def team_namespaces(kube: ApiClient) -> Iterator[list[str]]:
     core = client.CoreV1Api(kube)
@@ -127,6 +133,13 @@ def _remove_released(stack_info: StackInfo, left: dict[str, str]) -> None:
     httpx.delete(registry, params={"permanent": "true"}, timeout=30)
 
 
+def substitute(text: str, replacements: dict[str, str]) -> str:
+    """Each reader's choice replaced in one pass, so a value is never itself replaced again: one after another,
+    `team-a` -> `readme-team-b94df` then `team-b` -> ... rewrote the first namespace's name (a red CI)."""
+    pattern = re.compile("|".join(re.escape(old) for old in sorted(replacements, key=len, reverse=True)))
+    return pattern.sub(lambda match: replacements[match.group(0)], text)
+
+
 def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
     stack_info: StackInfo, kube: ApiClient, team_namespaces: list[str], tmp_path: Path
 ) -> None:
@@ -165,9 +178,7 @@ def test_the_readme_installs_upgrades_and_uninstalls_from_an_oci_registry(
         for index, block in enumerate(install_blocks()):
             if "helm uninstall" in block:  # uninstalled with resources present
                 left = _leave_resources(kube, team_namespaces[0], suffix)
-            script = block
-            for old, new in replacements.items():
-                script = script.replace(old, new)
+            script = substitute(block, replacements)
             done = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", script],
                 cwd=REPO,

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from fibers_stack import StackInfo, apicurio, platform_resources
-from tests.helpers import Resources, wait_for
+from tests.helpers import Resources, printed, wait_for
 from tests.integration.conftest import OperatorProcess, free_port
 
 pytestmark = pytest.mark.schemas
@@ -72,6 +72,13 @@ def test_schema_registries_are_probed_and_carry_no_finalizer(
     assert not body["metadata"].get("finalizers")
     assert not any(k.startswith("kopf") for k in body["metadata"].get("annotations") or {})
     assert body["status"]["subjects"] >= 0 and body["status"]["compatibility"]
+    row = printed(kube, "schemaregistries", None, schema_registry)
+    assert (row["URL"], row["Ready"], row["Subjects"], row["Compatibility"]) == (
+        body["spec"]["url"],
+        "True",
+        body["status"]["subjects"],
+        body["status"]["compatibility"],
+    )
 
 
 def test_register_evolve_refuse_and_list(schemas: Resources, registry: httpx.Client, unique: str) -> None:
@@ -87,6 +94,16 @@ def test_register_evolve_refuse_and_list(schemas: Resources, registry: httpx.Cli
     )
     assert registry.get(f"/subjects/{subject}/versions/1").json()["id"] == first["id"]
     assert registry.get(f"/config/{subject}").json()["compatibilityLevel"] == "BACKWARD"
+    row = schemas.printed(unique)
+    assert (row["Subject"], row["Version"], row["ID"], row["Compatibility"], row["Ready"], row["Reason"]) == (
+        subject,
+        1,
+        first["id"],
+        "BACKWARD",
+        "True",
+        "Registered",
+    )
+    assert row["Registry"] == first["registry"] and row["Registry"]
 
     # A compatible change becomes version 2; version 1 stays.
     schemas.patch(unique, {"spec": {"schema": avro(ID, ITEM, QTY_DEFAULT)}})

@@ -188,6 +188,14 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
     owner = app["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("Transform", unique, True)
     assert app["metadata"]["name"] == run["name"]
+    row = transforms.printed(unique)
+    assert (row["Mode"], row["Phase"], row["Run"], row["Ready"], row["Reason"]) == (
+        "batch",
+        "Succeeded",
+        run["name"],
+        "True",
+        "Succeeded",
+    )
 
     # A real driver pod and a real executor pod ran the job, from the job image, as the chart's user.
     # The kubelet reports the pods' phase a moment after the Spark Operator saw the driver end.
