@@ -16,6 +16,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check operator stack tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/hadolint --no-color Dockerfile
 
 unit: $(BIN)/.installed
 	$(BIN)/pytest tests/unit -q

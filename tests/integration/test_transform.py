@@ -155,7 +155,8 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
     unique: str,
 ) -> None:
     """A batch run: Kafka in, SQL, Kafka out and streamed back, on a real driver pod and executor pod. Its
-    OpenLineage events say START then COMPLETE with its datasets, row counts and the offsets it read."""
+    OpenLineage events say START then COMPLETE with its datasets, row counts and the offsets it read. A
+    second Transform reads its output through `transformRef`."""
     produce(stack_info.kafka_bootstrap, f"{unique}-orders", orders(9), key="id")
     transforms.create(
         unique,
@@ -223,6 +224,21 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
         3,
     )
     assert ingestion["offsets"] == [{"topic": f"{unique}-orders", "partition": 0, "first": 0, "last": 8}]
+
+    # A Transform reading this one's output by naming it (transformRef), not its topic.
+    downstream = f"{unique}-sum"
+    transforms.create(
+        downstream,
+        {
+            "inputs": [{"name": "totals", "transformRef": {"name": unique, "schema": "customer STRING, n BIGINT"}}],
+            "sql": "SELECT sum(n) AS n FROM totals",
+            "output": {"kafka": {"topic": downstream}},
+        },
+    )
+    transforms.wait_condition(downstream, "True", "Succeeded", timeout=300)
+    assert transforms.condition(downstream, "UpstreamReady")["status"] == "True"
+    assert transforms.status(downstream)["inputs"] == [{"name": "totals", "topics": [f"{unique}-totals"]}]
+    assert [json.loads(v) for v in read_topic(bootstrap, downstream, 1)] == [{"n": 9}]
 
 
 def test_bad_sql_fails_with_sparks_message(
@@ -363,8 +379,8 @@ def test_rerun_nonce_starts_a_new_run_over_a_connects_topic_and_delete_removes_r
     operator: OperatorProcess,
 ) -> None:
     """A batch Transform reading a Connect's topic (`connectRef`, resolved to the topics the Connect reports):
-    a new `rerunNonce` starts a new run over what the topic holds by then; deleting the Transform removes its
-    runs and their pods, and its metric series."""
+    a new `rerunNonce` starts a new run over what the topic holds by then, and one asked while the Connect is
+    gone waits for it; deleting the Transform removes its runs and their pods, and its metric series."""
     source = tmp_path / "lines.txt"
     source.write_text("".join(f"line {i}\n" for i in range(6)))
     spark = data_volume(tmp_path)  # also opens the directory to the Connect worker
@@ -414,6 +430,25 @@ def test_rerun_nonce_starts_a_new_run_over_a_connects_topic_and_delete_removes_r
     finished = parse_time(status["currentRun"]["finishedAt"]).timestamp()
     assert operator.metric("fibers_transform_last_success_timestamp_seconds", **labels) == [finished]
 
+    # A rerun asked while its input is gone waits for it, and is carried out once it is back: never dropped.
+    connects.delete(f"{unique}-src")
+    wait_for(lambda: not connects.exists(f"{unique}-src"), timeout=60, what="the Connect deleted")
+    transforms.patch(unique, {"spec": {"rerunNonce": "once-it-is-back"}})
+    waiting = transforms.wait_condition(unique, "False", "InputsNotReady", timeout=60)
+    assert f"{unique}-src" in waiting["message"] and "does not exist" in waiting["message"]
+    assert transforms.status(unique)["lastRerunNonce"] == "again"
+    assert len(spark_apps(kube, namespace, unique)) == 2  # nothing started, the last run kept
+    connects.create(f"{unique}-src", {"class": "FileStreamSource", "config": {"file": str(source), "topic": unique}})
+    with source.open("a") as more:  # a Connect's topics are known once it writes (Kafka Connect's active topics)
+        more.write("".join(f"line {i}\n" for i in range(9, 12)))
+    status = transforms.wait_status(
+        unique,
+        lambda s: s.get("lastRerunNonce") == "once-it-is-back" and s.get("phase") == "Succeeded",
+        timeout=300,
+        what="the rerun carried out once its Connect is back",
+    )
+    assert status["currentRun"]["trigger"] == "rerun" and len(spark_apps(kube, namespace, unique)) == 3
+
     # No finalizer: its deletion (and its namespace's) never waits for the operator; the series go on DELETED.
     assert not transforms.get(unique)["metadata"].get("finalizers")
     transforms.delete(unique)
@@ -429,8 +464,9 @@ def test_rerun_nonce_starts_a_new_run_over_a_connects_topic_and_delete_removes_r
 def test_streaming_keeps_up_suspends_resumes_and_restarts_for_its_secret_without_loss(
     transforms: Resources, kube: ApiClient, namespace: str, stack_info: StackInfo, tmp_path: Path, unique: str
 ) -> None:
-    """A streaming run follows its topic, is suspended and resumed from its checkpoint, and, asked to
-    (restartOnSecretChange), is restarted from it when a Secret it mounts changes: nothing lost throughout."""
+    """A streaming run follows its topic, says on Ready an executor it lost (Spark replaces it), is suspended
+    and resumed from its checkpoint, and, asked to (restartOnSecretChange), is restarted from it when a Secret
+    it mounts changes: nothing lost throughout."""
     core = client.CoreV1Api(kube)
     secret = f"{unique}-extra"
     core.create_namespaced_secret(
@@ -453,22 +489,37 @@ def test_streaming_keeps_up_suspends_resumes_and_restarts_for_its_secret_without
             "restartOnSecretChange": True,
         },
     )
+
+    def every_id(count: int) -> bool:
+        # A micro-batch under way when a run or an executor stopped is written again (at least once): ids count.
+        ids = {json.loads(v)["id"] for v in read_all(stack_info.kafka_bootstrap, f"{unique}-out")}
+        return ids == set(range(count))
+
     transforms.wait_condition(unique, "True", "Running", timeout=300)
     read_topic(stack_info.kafka_bootstrap, f"{unique}-out", 5, timeout=180)
     produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(3, start=5), key="id")
     read_topic(stack_info.kafka_bootstrap, f"{unique}-out", 8, timeout=60)  # keeps up with new records
 
+    # An executor lost under the running query is said on Ready; Spark's replacement carries on.
+    run = transforms.status(unique)["currentRun"]["name"]
+    [executor] = [p for p in spark_pods(kube, namespace, run) if p.metadata.labels["spark-role"] == "executor"]
+    core.delete_namespaced_pod(executor.metadata.name, namespace, grace_period_seconds=0)
+    # (The Spark Operator says UNKNOWN of it; the unit test's hand-made FAILED was never what it says.)
+    wait_for(lambda: "1 lost" in transforms.condition(unique)["message"], timeout=120, what="the executor lost")
+    ready = transforms.condition(unique)
+    assert ready["status"] == "True" and run in ready["message"] and "executors: " in ready["message"]
+    produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(1, start=8), key="id")
+    wait_for(lambda: every_id(9), timeout=180, what="the record after the executor's loss")
+
     transforms.patch(unique, {"spec": {"state": "suspended"}})
     transforms.wait_condition(unique, "True", "Suspended", timeout=60)
     wait_for(lambda: not spark_apps(kube, namespace, unique), timeout=90, what="streaming run stopped")
-    produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(4, start=8), key="id")
+    produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(3, start=9), key="id")
 
     transforms.patch(unique, {"spec": {"state": "running"}})
     transforms.wait_condition(unique, "True", "Running", timeout=300)
     assert transforms.status(unique)["currentRun"]["trigger"] == "resume"
-    values = read_topic(stack_info.kafka_bootstrap, f"{unique}-out", 12, timeout=180)
-    ids = sorted(json.loads(v)["id"] for v in values)
-    assert set(ids) == set(range(12))  # resumed from the checkpoint: nothing lost
+    wait_for(lambda: every_id(12), timeout=180, what="every record after the resume")  # from its checkpoint
 
     resumed = transforms.status(unique)["currentRun"]
     core.patch_namespaced_secret(secret, namespace, {"stringData": {"token": "two"}})
@@ -480,13 +531,7 @@ def test_streaming_keeps_up_suspends_resumes_and_restarts_for_its_secret_without
     assert secret in event["message"] and "two" not in event["message"]
     transforms.wait_condition(unique, "True", "Running", timeout=300)
     produce(stack_info.kafka_bootstrap, f"{unique}-in", orders(2, start=12), key="id")
-
-    def all_ids() -> set[int] | None:
-        # A micro-batch under way when the run stopped is written again (at least once): count ids, not records.
-        ids = {json.loads(v)["id"] for v in read_all(stack_info.kafka_bootstrap, f"{unique}-out")}
-        return ids if ids == set(range(14)) else None
-
-    wait_for(all_ids, timeout=180, what="every record after the restart")  # from its checkpoint: nothing lost
+    wait_for(lambda: every_id(14), timeout=180, what="every record after the restart")  # nothing lost
     transforms.delete(unique)
 
 

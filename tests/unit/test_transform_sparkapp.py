@@ -429,6 +429,9 @@ def test_running_reports_driver_attempts_and_executors() -> None:
     assert run["driverPod"] == "orders-report-1a2b3c4d-driver" and run["attempts"] == 1
     assert run["executors"] == {"FAILED": 1, "RUNNING": 2}
     assert "executors: 1 failed, 2 running" in ready(runs.report(view, run, NOW))["message"]
+    # What the Spark Operator says of an executor whose pod went while the driver runs (seen on the stack).
+    lost = runs.mirror_run({"name": "x"}, app_with("RUNNING", executorState={"x-exec-1": "UNKNOWN"}), {})
+    assert "executors: 1 lost" in ready(runs.report(view, lost, NOW))["message"]
     fresh = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app_with(""), {})
     assert fresh["applicationState"] == runs.NEW
     assert "waiting for the Spark Operator" in ready(runs.report(view, fresh, NOW))["message"]

@@ -278,12 +278,8 @@ class TransformReconciler:
                 applicationState=runs.DEADLINE, errorMessage=plan.deadline_failed, finishedAt=format_time(p.now)
             )
             self._event(p.view, runs.DEADLINE, f"run {current.get('name')}: {plan.deadline_failed}", warning=True)
-        if plan.schedule_time is not None:
+        if plan.schedule_time is not None and not plan.start:  # a slot skipped (Forbid, a run still going)
             p.status["lastScheduleTime"] = format_time(plan.schedule_time)
-        if plan.rerun_nonce:
-            p.status["lastRerunNonce"] = plan.rerun_nonce
-        if plan.seek_nonce:
-            p.status["lastSeekNonce"] = plan.seek_nonce
 
     async def _start_run(self, p: Pass) -> None:
         if not p.plan.start:
@@ -308,18 +304,19 @@ class TransformReconciler:
                 avro=await self._avro(namespace, view.spec, topics),
                 run_id=submission,
                 seek=view.spec.get("seek") if trigger == "seek" else None,
-                seek_nonce=p.status.get("lastSeekNonce"),
+                seek_nonce=p.plan.seek_nonce or p.status.get("lastSeekNonce"),
             )
         except InputsNotReady as exc:
-            p.waiting = str(exc)
-            # Nothing started: the rerun, seek or slot it was for stays to be carried out once the inputs are
-            # there (recorded as done, it was dropped, and a rerun's deleted runs were never replaced).
-            for key in ("lastRerunNonce", "lastSeekNonce", "lastScheduleTime"):
-                if key in p.view.status:
-                    p.status[key] = p.view.status[key]
-                else:
-                    p.status.pop(key, None)
+            p.waiting = str(exc)  # the rerun, seek or slot is not recorded: it is carried out once they are there
             return
+        # What the run carries out (a rerun, a seek, a schedule slot) is recorded in the run's own write-ahead:
+        # recorded before, a start that then waited for its inputs dropped it.
+        if p.plan.schedule_time is not None:
+            p.status["lastScheduleTime"] = format_time(p.plan.schedule_time)
+        if p.plan.rerun_nonce:
+            p.status["lastRerunNonce"] = p.plan.rerun_nonce
+        if p.plan.seek_nonce:
+            p.status["lastSeekNonce"] = p.plan.seek_nonce
         if p.current.get("name") != run:
             p.current = {
                 "name": run,

@@ -441,11 +441,17 @@ def _conditions(
     return conditions.waiting("Submitted", message), "Pending"
 
 
+# The Spark Operator says UNKNOWN of an executor whose pod is gone while its driver runs (deleted, evicted, or
+# failed and removed by Spark) or whose node stopped answering: to a reader, an executor the run lost.
+EXECUTOR_STATE_WORDS = {"UNKNOWN": "lost"}
+
+
 def _executors_text(run: dict[str, Any]) -> str:
     counts = run.get("executors") or {}
     if not counts:
         return ""
-    return ", executors: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items())
+    words = (f"{n} {EXECUTOR_STATE_WORDS.get(state, state.lower())}" for state, n in counts.items())
+    return ", executors: " + ", ".join(words)
 
 
 @dataclass(frozen=True)
