@@ -164,9 +164,13 @@ class Witness:
     looks: int = 0  # Application reads outside expected changes: the witness did watch
     _expected: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
+    _started: bool = False
 
     def start(self) -> None:
-        threading.Thread(target=self._run, daemon=True, name="argocd-witness").start()
+        """Start watching (once: a second call does nothing)."""
+        if not self._started:
+            self._started = True
+            threading.Thread(target=self._run, daemon=True, name="argocd-witness").start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -295,7 +299,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
 
 
 @pytest.fixture(scope="module")
-def gitops(
+def installed(
     argo: Argo,
     repo: Repo,
     kube: ApiClient,
@@ -336,9 +340,24 @@ def gitops(
     with witness.change():
         repo.commit("the operator and the orders pipeline")
         argo.apply(root)
-    yield ops  # the first test starts the witness, once everything is up
+    yield ops
     witness.stop()
     _uninstall(ops, kube)
+
+
+@pytest.fixture(scope="module")
+def gitops(installed: GitOps) -> GitOps:
+    """The pipeline from git, every Application Healthy and Synced, and the witness watching from then on:
+    whichever test runs first (each can run alone; none relies on another having started it)."""
+    argo = installed.argo
+    wait_for(
+        lambda: _healthy_and_synced(argo, "fibers-root"), timeout=900, interval=2, what="fibers-root Healthy and Synced"
+    )
+    # The root's last wave is the pipeline's Application: the root is done once it is created.
+    for app in ("fibers-operator", "orders-pipeline"):
+        wait_for(lambda a=app: _healthy_and_synced(argo, a), timeout=600, interval=2, what=f"{app} Healthy and Synced")  # type: ignore[misc]
+    installed.witness.start()
+    return installed
 
 
 def _uninstall(ops: GitOps, kube: ApiClient) -> None:
@@ -479,13 +498,7 @@ def _healthy_and_synced(argo: Argo, name: str) -> bool:
 def test_app_of_apps_installs_the_operator_then_the_pipeline_in_waves(
     gitops: GitOps, stack_info: StackInfo, kube: ApiClient
 ) -> None:
-    argo = gitops.argo
-    wait_for(
-        lambda: _healthy_and_synced(argo, "fibers-root"), timeout=900, interval=2, what="fibers-root Healthy and Synced"
-    )
-    # The root's last wave is the pipeline's Application: the root is done once it is created.
-    for app in ("fibers-operator", "orders-pipeline"):
-        wait_for(lambda a=app: _healthy_and_synced(argo, a), timeout=600, interval=2, what=f"{app} Healthy and Synced")  # type: ignore[misc]
+    argo = gitops.argo  # Healthy and Synced (the fixture waited)
     # Every resource Healthy, with the message the chart's health check gives.
     for kind, name, fragment in (
         ("Connect", "orders-cdc", "connector is RUNNING"),
@@ -522,7 +535,6 @@ def test_app_of_apps_installs_the_operator_then_the_pipeline_in_waves(
     connect_ready = _condition(gitops.resource("Connect", "orders-cdc"), "Ready")["lastTransitionTime"]
     for kind, name in (("Transform", "orders-by-item"), ("DatabusConsumer", "orders-view")):
         assert gitops.resource(kind, name)["metadata"]["creationTimestamp"] >= connect_ready
-    gitops.witness.start()
 
 
 CONNECT = "examples/argocd/pipeline/1-connect.yaml"
@@ -572,7 +584,7 @@ def test_pause_a_broken_config_and_its_revert_through_git(gitops: GitOps) -> Non
     argo.wait_health("orders-pipeline", "Connect", "orders-cdc", "Healthy", "RUNNING", timeout=60)
     argo.wait_health("orders-pipeline", "DatabusConsumer", "orders-audit", "Healthy", timeout=180)
     assert gitops.connect.get(f"/connectors/{connector}/status").json()["connector"]["state"] == "RUNNING"
-    assert gitops.witness.findings == []
+    assert gitops.witness.findings == [] and gitops.witness.looks > 0  # it watched, and saw no drift
 
 
 def test_self_heal_and_what_the_operator_does_keep_the_application_synced(gitops: GitOps) -> None:
@@ -620,7 +632,7 @@ def test_self_heal_and_what_the_operator_does_keep_the_application_synced(gitops
     )
     argo.wait_health("orders-pipeline", "Transform", "orders-by-item", "Healthy", "streaming run", timeout=300)
     time.sleep(10)  # what the operator writes after the run settles is watched too
-    assert gitops.witness.findings == []
+    assert gitops.witness.findings == [] and gitops.witness.looks > 0  # it watched, and saw no drift
 
 
 def test_a_connect_removed_from_git_is_pruned_with_its_connector_never_one_it_did_not_create(
@@ -665,5 +677,5 @@ def test_a_connect_removed_from_git_is_pruned_with_its_connector_never_one_it_di
     assert connect.get(f"/connectors/{gitops.table}-lines").status_code == 404  # it created this one
     assert connect.get(f"/connectors/{foreign}/status").json()["connector"]["state"] == "RUNNING"  # not this one
     connect.delete(f"/connectors/{foreign}")
-    assert gitops.witness.findings == []
+    assert gitops.witness.findings == [] and gitops.witness.looks > 0  # it watched, and saw no drift
     assert gitops.witness.looks > 20

@@ -13,7 +13,7 @@ import pytest
 from fibers import outages, termination
 from fibers.databus.config import ConfigError, ConsumerConfig
 from fibers.kubeapi import ApiError, Unreachable
-from fibers.transform import runs
+from fibers.transform.report import report
 from fibers.transform.runs import TransformView
 from fibers.transform.spec import Defaults, problem
 
@@ -95,7 +95,7 @@ def test_an_invalid_spec_is_stalled_whatever_the_last_run_did() -> None:
         "spec": {**BATCH, "schedule": "61 * * * *"},
         "status": {},
     }
-    status = runs.report(
+    status = report(
         TransformView(body),
         {"name": "r", "applicationState": "COMPLETED"},
         datetime.now(UTC),

@@ -58,17 +58,17 @@ def test_reconcile_counters_of_declared_kinds_are_served_at_zero_before_any_reco
 
 
 def test_a_transform_run_is_counted_once_when_it_ends_and_its_series_go_with_the_transform() -> None:
-    from fibers.transform import runs
+    from fibers.transform.report import RunEnd, last_success, run_ended
 
     submitted = {"name": "r1", "submittedAt": "2026-11-24T10:00:00Z", "applicationState": "RUNNING"}
     done = {**submitted, "applicationState": "COMPLETED", "finishedAt": "2026-11-24T10:01:30Z", "recordsOut": 42}
-    assert runs.run_ended({"currentRun": submitted}, {"currentRun": done}) == runs.RunEnd(True, 90.0)
-    assert runs.run_ended({"currentRun": done}, {"currentRun": done}) is None  # the same end, seen again
+    assert run_ended({"currentRun": submitted}, {"currentRun": done}) == RunEnd(True, 90.0)
+    assert run_ended({"currentRun": done}, {"currentRun": done}) is None  # the same end, seen again
     failed = {**submitted, "name": "r2", "applicationState": "FAILED"}
-    assert runs.run_ended({"currentRun": done}, {"currentRun": failed}) == runs.RunEnd(False, None)  # a new run
-    assert runs.run_ended({"currentRun": done}, {"currentRun": {**submitted, "name": "r2"}}) is None
-    assert runs.last_success({"currentRun": done}) == (1795514490.0, 42)
-    assert runs.last_success({"currentRun": failed}) is None
+    assert run_ended({"currentRun": done}, {"currentRun": failed}) == RunEnd(False, None)  # a new run
+    assert run_ended({"currentRun": done}, {"currentRun": {**submitted, "name": "r2"}}) is None
+    assert last_success({"currentRun": done}) == (1795514490.0, 42)
+    assert last_success({"currentRun": failed}) is None
 
     metrics.transform_submitted("shop", "gone-report")
     metrics.transform_run_ended("shop", "gone-report", succeeded=True, seconds=90.0)

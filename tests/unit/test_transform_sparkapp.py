@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from fibers import settings
 from fibers.conditions import format_time
 from fibers.transform import runs, sparkapp
+from fibers.transform.report import mirror_run, report, resolved_inputs
 from fibers.transform.runs import TransformView
 from fibers.transform.spec import WHOLE_SECRET, Defaults, render_job, restarts_on_secret_change, secret_keys, spec_hash
 
@@ -360,8 +361,8 @@ def test_status_fibers_writes_conforms_to_the_transform_crd() -> None:
         app_with("FAILED", error="driver container failed with ExitCode: 1, Reason: Error"),
         app_with(""),
     ):
-        run = runs.mirror_run(current, app, {"error": "[TABLE_OR_VIEW_NOT_FOUND] …"})
-        status = runs.report(view, run, NOW)
+        run = mirror_run(current, app, {"error": "[TABLE_OR_VIEW_NOT_FOUND] …"})
+        status = report(view, run, NOW)
         assert schema_errors({"spec": transform()["spec"], "status": status}, schema) == []
 
 
@@ -397,7 +398,7 @@ def test_a_failed_runs_condition_carries_sparks_message_from_the_result_config_m
         terminationTime=format_time(NOW),
     )
     spark_error = "[TABLE_OR_VIEW_NOT_FOUND] The table or view `no_such_view` cannot be found."
-    status = runs.report(view, runs.mirror_run(current, app, {"error": spark_error}), NOW)
+    status = report(view, mirror_run(current, app, {"error": spark_error}), NOW)
     cond = ready(status)
     assert (status["phase"], cond["status"], cond["reason"]) == ("Failed", "False", "RunFailed")
     assert "TABLE_OR_VIEW_NOT_FOUND" in cond["message"]
@@ -405,7 +406,7 @@ def test_a_failed_runs_condition_carries_sparks_message_from_the_result_config_m
     assert status["currentRun"]["finishedAt"] == format_time(NOW)
 
     # Without a word from the job (it was killed), the Spark Operator's message is what there is.
-    status = runs.report(view, runs.mirror_run(current, app, {}), NOW)
+    status = report(view, mirror_run(current, app, {}), NOW)
     assert "ExitCode: 1" in ready(status)["message"]
 
 
@@ -414,8 +415,8 @@ def test_failing_and_submission_failed_are_not_final() -> None:
     assert sparkapp.finished(app_with("FAILED")) and sparkapp.finished(app_with("COMPLETED"))
     view = TransformView(transform())
     current = {"name": "orders-report-1a2b3c4d"}
-    run = runs.mirror_run(current, app_with("FAILING", error="driver container failed"), {"error": "boom"})
-    status = runs.report(view, run, NOW)
+    run = mirror_run(current, app_with("FAILING", error="driver container failed"), {"error": "boom"})
+    status = report(view, run, NOW)
     cond = ready(status)
     assert (cond["reason"], status["phase"]) == ("RunFailing", "Running") and "boom" in cond["message"]
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
@@ -425,16 +426,16 @@ def test_failing_and_submission_failed_are_not_final() -> None:
 def test_running_reports_driver_attempts_and_executors() -> None:
     view = TransformView(transform())
     app = app_with("RUNNING", executorState={"x-exec-1": "RUNNING", "x-exec-2": "RUNNING", "x-exec-3": "FAILED"})
-    run = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app, {})
+    run = mirror_run({"name": "orders-report-1a2b3c4d"}, app, {})
     assert run["driverPod"] == "orders-report-1a2b3c4d-driver" and run["attempts"] == 1
     assert run["executors"] == {"FAILED": 1, "RUNNING": 2}
-    assert "executors: 1 failed, 2 running" in ready(runs.report(view, run, NOW))["message"]
+    assert "executors: 1 failed, 2 running" in ready(report(view, run, NOW))["message"]
     # What the Spark Operator says of an executor whose pod went while the driver runs (seen on the stack).
-    lost = runs.mirror_run({"name": "x"}, app_with("RUNNING", executorState={"x-exec-1": "UNKNOWN"}), {})
-    assert "executors: 1 lost" in ready(runs.report(view, lost, NOW))["message"]
-    fresh = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app_with(""), {})
+    lost = mirror_run({"name": "x"}, app_with("RUNNING", executorState={"x-exec-1": "UNKNOWN"}), {})
+    assert "executors: 1 lost" in ready(report(view, lost, NOW))["message"]
+    fresh = mirror_run({"name": "orders-report-1a2b3c4d"}, app_with(""), {})
     assert fresh["applicationState"] == runs.NEW
-    assert "waiting for the Spark Operator" in ready(runs.report(view, fresh, NOW))["message"]
+    assert "waiting for the Spark Operator" in ready(report(view, fresh, NOW))["message"]
 
 
 def submitted_run(ago: timedelta) -> dict[str, Any]:
@@ -469,9 +470,9 @@ def test_the_submission_deadline_watches_the_state_not_the_driver_pod_name() -> 
 
 def test_a_pod_that_will_not_start_is_the_runs_ready_and_its_deadline_failure_says_why() -> None:
     view = TransformView(transform(submissionDeadlineSeconds=60))
-    run = runs.mirror_run({"name": "orders-report-1a2b3c4d"}, app_with("SUBMITTED"), {})
+    run = mirror_run({"name": "orders-report-1a2b3c4d"}, app_with("SUBMITTED"), {})
     trouble = {"pod": "orders-report-1a2b3c4d-driver", "reason": "ImagePullBackOff", "message": "Back-off pulling"}
-    said = ready(runs.report(view, {**run, "podTrouble": trouble}, NOW))
+    said = ready(report(view, {**run, "podTrouble": trouble}, NOW))
     assert (said["reason"], said["message"]) == (
         "ImagePullBackOff",
         "run orders-report-1a2b3c4d: pod orders-report-1a2b3c4d-driver: Back-off pulling",
@@ -568,22 +569,22 @@ def test_a_run_no_spark_operator_takes_up_is_stalled_naming_the_namespace() -> N
     view = TransformView(transform())
     untouched = {"metadata": build()["metadata"]}  # no status: nobody took it up
     current = {"name": "orders-report-1a2b3c4d", "submittedAt": format_time(NOW - timedelta(seconds=30))}
-    soon = ready(runs.report(view, runs.mirror_run(current, untouched, {}), NOW))
+    soon = ready(report(view, mirror_run(current, untouched, {}), NOW))
     assert (soon["status"], soon["reason"]) == ("False", "Submitted")  # it may just be slow
     current["submittedAt"] = format_time(NOW - runs.UNTOUCHED_AFTER - timedelta(seconds=1))
-    status = runs.report(view, runs.mirror_run(current, untouched, {}), NOW)
+    status = report(view, mirror_run(current, untouched, {}), NOW)
     cond, stalled = ready(status), next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert (cond["status"], cond["reason"], stalled["status"]) == ("False", runs.NOT_TAKEN_UP, "True")
     assert f"namespace {view.body['metadata']['namespace']}" in cond["message"]
     assert "spark.jobNamespaces" in cond["message"]
     # Taken up at last (a SUBMITTED state): back to waiting for the driver.
     taken = app_with("SUBMITTED")
-    assert ready(runs.report(view, runs.mirror_run(current, taken, {}), NOW))["reason"] == "Submitted"
+    assert ready(report(view, mirror_run(current, taken, {}), NOW))["reason"] == "Submitted"
 
 
 def test_no_spark_operator_in_the_cluster_is_stalled_whatever_the_last_run_did() -> None:
     view = TransformView(transform())
-    status = runs.report(view, {}, NOW, no_spark_operator="the cluster does not serve sparkapplications")
+    status = report(view, {}, NOW, no_spark_operator="the cluster does not serve sparkapplications")
     cond = ready(status)
     assert (cond["status"], cond["reason"]) == ("False", runs.NO_SPARK_OPERATOR)
     assert "sparkapplications" in cond["message"]
@@ -666,7 +667,7 @@ def test_a_run_waiting_for_admission_is_neither_resumed_nor_failed_by_the_deadli
     view = queued_view(queue="batch")
     for state in sorted(sparkapp.SUSPENDED_BY_SPEC):
         app = app_with(state)
-        run = runs.mirror_run(view.current, app, {})
+        run = mirror_run(view.current, app, {})
         assert run["applicationState"] == runs.QUEUED
         plan = runs.plan(view.with_status({**view.status, "currentRun": run}), [app], NOW)
         assert plan.start is None and not plan.deadline_failed and plan.delete == []
@@ -678,9 +679,9 @@ def test_a_run_waiting_for_admission_is_neither_resumed_nor_failed_by_the_deadli
 
 def test_the_status_says_which_queue_a_run_waits_in_and_what_kueue_says() -> None:
     view = queued_view(queue="batch")
-    run = runs.mirror_run(view.current, app_with("SUSPENDED"), {})
+    run = mirror_run(view.current, app_with("SUSPENDED"), {})
     run["admission"] = "couldn't assign flavors to pod set driver: insufficient unused quota for cpu"
-    status = runs.report(view, run, NOW)
+    status = report(view, run, NOW)
     cond = ready(status)
     assert (status["phase"], cond["reason"]) == ("Pending", "WaitingForAdmission")
     assert cond["message"] == (
@@ -689,7 +690,7 @@ def test_the_status_says_which_queue_a_run_waits_in_and_what_kueue_says() -> Non
     )
     # Admitted: the Spark Operator resubmits; the admission note goes and the deadline counts from then.
     admitted = app_with("SUBMITTED", lastSubmissionAttemptTime=format_time(NOW - timedelta(seconds=5)))
-    moved = runs.mirror_run(run, admitted, {})
+    moved = mirror_run(run, admitted, {})
     assert "admission" not in moved and moved["applicationState"] == "SUBMITTED"
     assert not runs.plan(view, [admitted], NOW).deadline_failed
 
@@ -757,9 +758,9 @@ def test_the_status_says_which_topics_each_kafka_input_reads_as_resolved() -> No
             },
         ]
     )["spec"]
-    resolved = runs.resolved_inputs(spec, {1: ["shop.public.orders"]})
+    resolved = resolved_inputs(spec, {1: ["shop.public.orders"]})
     assert resolved == [{"name": "direct", "topics": ["a", "b"]}, {"name": "cdc", "topics": ["shop.public.orders"]}]
     view = TransformView(transform())
-    status = runs.report(view, {}, NOW, inputs=resolved)
+    status = report(view, {}, NOW, inputs=resolved)
     assert status["inputs"] == resolved
-    assert runs.report(view.with_status(status), {}, NOW)["inputs"] == resolved  # kept when not resolved again
+    assert report(view.with_status(status), {}, NOW)["inputs"] == resolved  # kept when not resolved again

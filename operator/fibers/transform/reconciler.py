@@ -29,6 +29,7 @@ from fibers.registries import PLURAL as REGISTRIES
 from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries
 from fibers.secret_refs import SecretRefs, digest
 from fibers.transform import runs, sparkapp
+from fibers.transform.report import last_success, mirror_run, report, resolved_inputs, run_ended
 from fibers.transform.runs import TransformView
 from fibers.transform.sparkapp import SparkApplications
 from fibers.transform.spec import (
@@ -174,7 +175,7 @@ class TransformReconciler:
             self._drop_runs,  # delete what the plan drops; record suspended and deadline-failed runs
             self._start_run,  # render the job, write the run into status first, then create it
             self._read_result,  # a run whose driver ended: its result or error
-            self._report,  # the status (`runs.report`), written when it changed, Events on a phase change
+            self._report,  # the status (`report`), written when it changed, Events on a phase change
         ):
             await step(p)
         # What changes by itself: the clock (a schedule slot, a deadline) and what waiting inputs wait for.
@@ -193,7 +194,7 @@ class TransformReconciler:
                 f"the cluster does not serve {sparkapp.PLURAL}.{sparkapp.GROUP} (no Spark Operator "
                 "is installed): install the Kubeflow Spark Operator to run Transforms"
             )
-            status = runs.report(p.view, dict(p.view.current), utcnow(), no_spark_operator=message)
+            status = report(p.view, dict(p.view.current), utcnow(), no_spark_operator=message)
             await self._publish(p.view, status, p.context)
             return Again(at=math.inf, waiting=True)
         return None
@@ -329,7 +330,7 @@ class TransformReconciler:
                 p.current["secretsDigest"] = p.secrets_digest or await self._digest(namespace, secret_keys(view.spec))
         # Write-ahead: the run is in status before its SparkApplication exists, reported as
         # the new run it is (Pending), never under the phase and conditions of the last one.
-        status = runs.report(view.with_status(p.status), p.current, p.now, upstream=p.health)
+        status = report(view.with_status(p.status), p.current, p.now, upstream=p.health)
         await self.kube.replace_status(PLURAL, namespace, view.name, status, view.status)
         p.view, p.status = view.with_status(status), status
         failpoints.hit("transform.recorded")  # tests stop the operator here: recorded, not yet created
@@ -356,7 +357,7 @@ class TransformReconciler:
             failed = "error" not in result and sparkapp.state_of(app) in sparkapp.DRIVER_FAILED
             if failed and (message := await self.apps.driver_message(app)):
                 result = {**result, "error": message}
-        p.mirrored = runs.mirror_run(current, app, result)
+        p.mirrored = mirror_run(current, app, result)
         if app is not None and p.mirrored.get("applicationState") == runs.QUEUED:
             p.mirrored["admission"] = await self.apps.admission(app)
         if p.trouble is not None and p.mirrored.get("name") == p.trouble_run:
@@ -370,8 +371,8 @@ class TransformReconciler:
         saved = p.view.status
         p.view = p.view.with_status(p.status)
         referenced = {u.ref.index: u.topics() for u in p.upstreams if u.body is not None}
-        inputs = runs.resolved_inputs(p.view.spec, referenced)
-        new_status = runs.report(
+        inputs = resolved_inputs(p.view.spec, referenced)
+        new_status = report(
             p.view,
             p.mirrored,
             p.now,
@@ -392,14 +393,14 @@ class TransformReconciler:
         namespace = view.body["metadata"]["namespace"]
         metrics.transform_seen(namespace, view.name)
         # Set from status at every reconcile, so they survive an operator restart.
-        if success := runs.last_success(status):
+        if success := last_success(status):
             metrics.transform_last_success(namespace, view.name, ended_at=success[0], records=success[1])
         if fired := status.get("lastScheduleTime"):
             metrics.transform_last_schedule(namespace, view.name, parse_time(fired).timestamp())
         if status == before:
             return
         await self.kube.replace_status(PLURAL, namespace, view.name, status, before)
-        if end := runs.run_ended(before, status):  # counted once: the status write above succeeded
+        if end := run_ended(before, status):  # counted once: the status write above succeeded
             metrics.transform_run_ended(namespace, view.name, succeeded=end.succeeded, seconds=end.seconds)
         old_phase, new_phase = before.get("phase"), status.get("phase")
         if old_phase != new_phase:
