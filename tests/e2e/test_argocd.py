@@ -43,6 +43,10 @@ from fibers_stack.layout import REPO_ROOT
 from tests.helpers import HEALTH, status_fixture, wait_for
 
 GROUP, VERSION = argocd.GROUP, argocd.VERSION
+# Whichever test runs first pays for the module's set-up (Argo CD started, the operator and the pipeline
+# synced in waves): together more than the suite's 600 s per test on a cold machine, each wait bounded itself.
+pytestmark = pytest.mark.timeout(1800)
+
 FIBERS = ("fibers.dev", "v1beta1")
 PLURALS = {"Connect": "connects", "Transform": "transforms", "DatabusConsumer": "databusconsumers", "Schema": "schemas"}
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "status"
