@@ -375,15 +375,18 @@ def transform_kills(ctx: Context, *, transforms: int, reruns: int) -> dict[str, 
 
 def transform_write_ahead_kill(ctx: Context, name: str) -> dict[str, Any]:
     """Kill the operator exactly between the write-ahead status write and the SparkApplication's create
-    (the failpoint `transform.recorded`), after a rerun request: the operator that comes next creates the run
-    recorded, under its name and submission id, once. A random kill moment may never land there."""
+    (the failpoint `transform.recorded`), after a rerun request to a scheduled Transform: the operator that
+    comes next creates the run recorded, under its name and submission id, once. A random kill moment may
+    never land there."""
     items = Resources(ctx.api, "transforms", ctx.namespace)
     wait_for(lambda: items.status(name).get("phase") in ("Succeeded", "Failed"), timeout=600, what=f"{name} done")
     ctx.operator.stop()
     plain = dict(ctx.operator.env)
     ctx.operator.env = {**plain, "FIBERS_FAILPOINTS": "transform.recorded=kill"}
     ctx.operator.start()
-    items.patch(name, {"spec": {"rerunNonce": "write-ahead"}})
+    # With a schedule that does not fire meanwhile: a scheduled Transform's recorded run was once never made
+    # (the plan took the schedule's branch, and the rerun was already recorded as done).
+    items.patch(name, {"spec": {"rerunNonce": "write-ahead", "schedule": "0 0 1 1 *"}})
     assert ctx.operator.proc is not None
     ctx.operator.proc.wait(timeout=120)  # killed by its failpoint
     recorded = dict(items.status(name)["currentRun"])

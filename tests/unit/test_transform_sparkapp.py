@@ -598,6 +598,27 @@ def test_a_transform_looks_again_when_its_run_would_count_as_untouched() -> None
     assert due is not None and timedelta(0) < due - (NOW + runs.UNTOUCHED_AFTER) < timedelta(seconds=1)
 
 
+@pytest.mark.parametrize(
+    ("spec", "trigger"),
+    [({}, "rerun"), ({"schedule": "*/5 * * * *"}, "schedule"), ({"mode": "streaming"}, "create")],
+)
+def test_a_run_recorded_but_never_created_is_created_whatever_else_the_spec_says(
+    spec: dict[str, Any], trigger: str
+) -> None:
+    """The operator stopped between the write-ahead status write and the create: the recorded run is created
+    under its name. A scheduled Transform once went to its schedule's branch instead, and the slot recorded
+    with the run was never run."""
+    view = TransformView(transform(**spec))
+    recorded = {"name": "orders-report-1a2b3c4d", "specHash": spec_hash(view.spec), "trigger": trigger}
+    view.body["status"] = {"currentRun": recorded, "lastScheduleTime": format_time(NOW - timedelta(minutes=1))}
+    assert runs.plan(view, [], NOW).start == ("orders-report-1a2b3c4d", trigger)
+    # Once taken up (a state recorded), or for a spec changed since, it is not created again.
+    view.body["status"]["currentRun"] = {**recorded, "applicationState": "COMPLETED"}
+    assert runs.plan(view, [], NOW).start != ("orders-report-1a2b3c4d", trigger)
+    view.body["status"]["currentRun"] = {**recorded, "specHash": "older"}
+    assert runs.plan(view, [], NOW).start != ("orders-report-1a2b3c4d", trigger)
+
+
 def test_a_seek_starts_one_run_whose_kafka_inputs_start_from_its_position() -> None:
     """spec.seek with a new nonce starts a run (replacing one still going); its Kafka inputs start from the
     seek's startFrom; the seek is not a spec change, and a seek already done starts nothing."""

@@ -144,7 +144,13 @@ def plan(
         return _trim_history(view, apps, result)
 
     nonce, seek = spec.get("rerunNonce"), spec.get("seek") or {}
-    if nonce and nonce != view.status.get("lastRerunNonce"):
+    recorded_only = bool(current.get("name")) and current_app is None and not current.get("applicationState")
+    if recorded_only and current.get("specHash") == digest:
+        # Recorded but never created (the operator stopped between its write-ahead and the create, or the create
+        # failed): created now, before anything else is due. The slot or nonce it is for was recorded with it,
+        # so nothing else would ever start it (a schedule's branch below once hid this one: the run was lost).
+        result.start = (current["name"], current.get("trigger", "create"))
+    elif nonce and nonce != view.status.get("lastRerunNonce"):
         result.rerun_nonce = nonce
         result.start = (run_name(view.name, view.uid, f"rerun/{nonce}/{digest}"), "rerun")
     elif seek.get("nonce") and seek["nonce"] != view.status.get("lastSeekNonce"):
@@ -169,9 +175,6 @@ def plan(
     elif not current or current.get("specHash") != digest:
         trigger = "create" if not current else "spec-change"
         result.start = (run_name(view.name, view.uid, f"{trigger}/{digest}"), trigger)
-    elif current_app is None and not current.get("applicationState"):
-        # Recorded but never created (the operator stopped in between): create it now.
-        result.start = (current["name"], current.get("trigger", "create"))
 
     if result.start and (view.streaming or result.start[1] in ("rerun", "seek")):
         # One streaming query at a time; a rerun or a seek replaces a run still going.
