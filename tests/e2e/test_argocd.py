@@ -188,6 +188,10 @@ class Witness:
         finally:
             self._expected -= 1
 
+    def wait_looked(self, since: int) -> None:
+        """Until it has read the Applications outside an expected change since `since` (a test's own look)."""
+        wait_for(lambda: self.looks > since, timeout=60, what="the witness looking outside expected changes")
+
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             if self._expected:
@@ -357,12 +361,10 @@ def gitops(installed: GitOps, kube: ApiClient) -> GitOps:
     """The pipeline from git, every Application Healthy and Synced, its waves' times read, and the witness
     watching from then on: whichever test runs first (each can run alone; none relies on another)."""
     argo = installed.argo
-    wait_for(
-        lambda: _healthy_and_synced(argo, "fibers-root"), timeout=900, interval=2, what="fibers-root Healthy and Synced"
-    )
+    _wait_healthy_and_synced(argo, "fibers-root", timeout=900)
     # The root's last wave is the pipeline's Application: the root is done once it is created.
     for app in ("fibers-operator", "orders-pipeline"):
-        wait_for(lambda a=app: _healthy_and_synced(argo, a), timeout=600, interval=2, what=f"{app} Healthy and Synced")  # type: ignore[misc]
+        _wait_healthy_and_synced(argo, app, timeout=600)
     deployment = client.AppsV1Api(kube).read_namespaced_deployment("fibers-operator", installed.system)
     available = next(c for c in deployment.status.conditions if c.type == "Available")
     installed.waves = {
@@ -513,6 +515,23 @@ def _healthy_and_synced(argo: Argo, name: str) -> bool:
     ) == "Synced"
 
 
+def _wait_healthy_and_synced(argo: Argo, name: str, timeout: float) -> None:
+    """Wait; on a timeout, say what Argo CD says of the Application and of each resource not Healthy/Synced."""
+    try:
+        wait_for(
+            lambda: _healthy_and_synced(argo, name), timeout=timeout, interval=2, what=f"{name} Healthy and Synced"
+        )
+    except AssertionError as exc:
+        status = argo.get(name).get("status") or {}
+        lagging = [
+            {k: r.get(k) for k in ("kind", "namespace", "name", "status", "health")}
+            for r in status.get("resources") or []
+            if r.get("status") != "Synced" or (r.get("health") or {}).get("status") not in (None, "Healthy")
+        ]
+        said = {k: status.get(k) for k in ("health", "sync", "conditions", "operationState")}
+        raise AssertionError(f"{exc}; the Application: {said}; resources lagging: {lagging}") from None
+
+
 def test_app_of_apps_installs_the_operator_then_the_pipeline_in_waves(gitops: GitOps, stack_info: StackInfo) -> None:
     argo = gitops.argo  # Healthy and Synced (the fixture waited)
     # Every resource Healthy, with the message the chart's health check gives.
@@ -521,8 +540,8 @@ def test_app_of_apps_installs_the_operator_then_the_pipeline_in_waves(gitops: Gi
         ("Transform", "orders-by-item", "streaming run"),
         ("DatabusConsumer", "orders-view", "consuming online"),
     ):
-        assert argo.health("orders-pipeline", kind, name)[0] == "Healthy"
-        assert fragment in argo.health("orders-pipeline", kind, name)[1]
+        # Waited for: a test before this one may have just restarted the operator or the streaming run.
+        argo.wait_health("orders-pipeline", kind, name, "Healthy", fragment, timeout=300)
     assert argo.health("fibers-operator", "Deployment", "fibers-operator")[0] == "Healthy"
 
     # Real pods: the operator from the stack's image, Spark's driver and executor, the consumer.
@@ -596,7 +615,8 @@ def test_pause_a_broken_config_and_its_revert_through_git(gitops: GitOps) -> Non
     argo.wait_health("orders-pipeline", "Connect", "orders-cdc", "Healthy", "RUNNING", timeout=60)
     argo.wait_health("orders-pipeline", "DatabusConsumer", "orders-audit", "Healthy", timeout=180)
     assert gitops.connect.get(f"/connectors/{connector}/status").json()["connector"]["state"] == "RUNNING"
-    assert gitops.witness.findings == [] and gitops.witness.looks > looks  # it watched this test, no drift
+    gitops.witness.wait_looked(looks)  # it watched during this test, after its last change too
+    assert gitops.witness.findings == []
 
 
 def test_self_heal_and_what_the_operator_does_keep_the_application_synced(gitops: GitOps) -> None:
@@ -645,7 +665,8 @@ def test_self_heal_and_what_the_operator_does_keep_the_application_synced(gitops
     )
     argo.wait_health("orders-pipeline", "Transform", "orders-by-item", "Healthy", "streaming run", timeout=300)
     time.sleep(10)  # what the operator writes after the run settles is watched too
-    assert gitops.witness.findings == [] and gitops.witness.looks > looks  # it watched this test, no drift
+    gitops.witness.wait_looked(looks)  # it watched during this test, after its last change too
+    assert gitops.witness.findings == []
 
 
 def test_a_connect_removed_from_git_is_pruned_with_its_connector_never_one_it_did_not_create(
@@ -691,4 +712,5 @@ def test_a_connect_removed_from_git_is_pruned_with_its_connector_never_one_it_di
     assert connect.get(f"/connectors/{gitops.table}-lines").status_code == 404  # it created this one
     assert connect.get(f"/connectors/{foreign}/status").json()["connector"]["state"] == "RUNNING"  # not this one
     connect.delete(f"/connectors/{foreign}")
-    assert gitops.witness.findings == [] and gitops.witness.looks > looks  # it watched this test, no drift
+    gitops.witness.wait_looked(looks)  # it watched during this test, after its last change too
+    assert gitops.witness.findings == []
