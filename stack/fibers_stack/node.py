@@ -47,6 +47,10 @@ def containerd_root() -> Path:
     return cache_dir() / "containerd"
 
 
+# What containerd's CRI plugin logs as the last step of its start, right before it serves the kubelet.
+CRI_STARTED = b"Start streaming server"
+
+
 def containerd_socket(run_dir: Path) -> Path:
     return run_dir / "containerd" / "containerd.sock"
 
@@ -129,8 +133,19 @@ def start_containerd(launcher: Launcher, pause_image: str) -> str:
     """Start containerd and clear what an earlier stack left in its persistent store."""
     config = _containerd_config(launcher.run_dir, pause_image)
     containerd_root().mkdir(parents=True, exist_ok=True)
+    log_file = launcher.log_file("containerd")
+    logged_before = log_file.stat().st_size if log_file.exists() else 0  # the log is appended to across starts
     launcher.spawn("containerd", ["containerd", "--config", str(config)])
-    launcher.wait("containerd", lambda: ctr(launcher.run_dir, "version", check=False).returncode == 0, timeout=30)
+
+    def ready() -> bool:
+        # Its API answers before its CRI plugin has finished starting; a kubelet started in that gap exits
+        # ("server is not initialized yet", met on a stack start). The plugin logs this line, then serves.
+        with open(log_file, "rb") as log:
+            log.seek(logged_before)
+            started = CRI_STARTED in log.read()
+        return started and ctr(launcher.run_dir, "version", check=False).returncode == 0
+
+    launcher.wait("containerd", ready, timeout=30)
     remove_containers(launcher.run_dir)
     _remove_imported_images(launcher.run_dir)
     return str(containerd_socket(launcher.run_dir))

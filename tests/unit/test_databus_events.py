@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
 
 from fibers.consumer.callbacks import Callback, Result, Singles, WindowFailed, window_dispatcher
-from fibers.consumer.events import ChangeEvent, MalformedEvent, decode, parse_json
+from fibers.consumer.events import (
+    ChangeEvent,
+    MalformedEvent,
+    batch_parser,
+    decode,
+    has_long_integers,
+    parse_json,
+)
 
 
 def debezium(op: str, after: dict[str, Any] | None, before: dict[str, Any] | None = None, **extra: Any) -> bytes:
@@ -33,6 +41,39 @@ def test_parse_json_keeps_what_the_standard_parser_gives() -> None:
     assert parse_json(b'{"a": [1, 2.5, "s", null, true]}') == {"a": [1, 2.5, "s", None, True]}
     with pytest.raises(ValueError):
         parse_json(b"{not json")
+
+
+def test_only_integers_orjson_cannot_hold_leave_the_fast_parser() -> None:
+    """Debezium's envelope carries `ts_ns` (19 digits, below 2**64): it stays with orjson. The checked rule
+    sent every Debezium record to json.loads, about four times slower."""
+    record = debezium("c", {"id": 1}, ts_ns=1764300000123456789, ts_us=1764300000123456)
+    assert not has_long_integers(record)
+    assert parse_json(record)["ts_ns"] == 1764300000123456789
+    # The integers orjson turns into floats: 20 digits or more, and negative ones of 19.
+    for long in (b"[18446744073709551616]", b"[-9223372036854775809]", b'{"n": 123456789012345678901}'):
+        assert has_long_integers(long), long
+    for fits in (b"[9999999999999999999]", b"[-922337203685477580]", b'{"a": "x-1", "b": -1}'):
+        assert not has_long_integers(fits), fits
+        assert parse_json(fits) == json.loads(fits) == orjson.loads(fits)
+
+
+def test_a_batch_is_checked_once_and_each_record_still_parses_as_json_loads_reads_it() -> None:
+    clean = [b'{"id": 1}', None, b'{"id": 2, "n": 9999999999999999999}']
+    assert batch_parser(clean, parse_json) is orjson.loads
+    # One long integer anywhere in the batch: every record of it goes through the checked parser.
+    assert batch_parser([*clean, b'{"id": 3, "n": 18446744073709551616}'], parse_json) is parse_json
+    # Digits of two records never join into one run.
+    assert batch_parser([b"[1234567890]", b"1234567890"], parse_json) is orjson.loads
+
+    def avro(data: bytes) -> object:
+        return data
+
+    assert batch_parser(clean, avro) is avro  # only the JSON parser is replaced
+    # What orjson refuses and json.loads reads (NaN) is read again by the checked parser.
+    event = decode("t", 0, 5, b"1", b'{"id": 1, "x": NaN}', orjson.loads)
+    assert event is not None and event.after is not None and event.after["x"] != event.after["x"]
+    with pytest.raises(MalformedEvent):
+        decode("t", 0, 5, b"1", b"{not json", orjson.loads)
 
 
 def test_a_plain_record_is_its_own_window_with_the_offset_as_scn() -> None:

@@ -17,7 +17,7 @@ from fibers.consumer.assignment import Assignment, Timeline
 from fibers.consumer.batches import Progress, window_starts
 from fibers.consumer.callbacks import Singles
 from fibers.consumer.checkpoint_store import CheckpointStore
-from fibers.consumer.events import ChangeEvent, MalformedEvent, Parser, decode
+from fibers.consumer.events import ChangeEvent, MalformedEvent, Parser, batch_parser, decode
 from fibers.consumer.positions import NEXT_OFFSET, Positions
 from fibers.consumer.sinkset import SinkSet
 from fibers.consumer.stops import RELAY_LOST_EXIT, UNDECODABLE_EXIT, ConsumerStopped, StoppedWaiting, Stopping
@@ -29,6 +29,7 @@ from fibers.databus.timelines import timeline_key
 from fibers.wire import RegistryUnavailable
 
 log = logging.getLogger("fibers.consumer")
+_INITIAL = Checkpoint.initial()  # where a timeline with no checkpoint yet starts (checkpoints are immutable)
 Attempts = dict[tuple[str, int, int], int]  # (topic, partition, offset) of a failing window → its attempts
 
 
@@ -68,7 +69,6 @@ class Relay:
         window_id: object = None  # (window id, partition, topic) of `window`
         attempts: Attempts = {}
         max_events = self.config.max_window_events
-        parse = self._parse
         polls_failed = 0
         while not self.stopping.requested:
             if self.assignment.due():
@@ -90,14 +90,14 @@ class Relay:
             polls_failed = 0
             ready: list[list[ChangeEvent]] = []
             singles: Singles | None = None  # the run of one-record windows at the end of `ready`
-            for message in messages:  # the hot loop: keep it lean
+            values = [message.value() for message in messages]
+            parse = batch_parser(values, self._parse)
+            for message, value in zip(messages, values, strict=True):  # the hot loop: keep it lean
                 if (error := message.error()) is not None:
                     _relay_error(error)
                     continue
                 try:
-                    event = decode(
-                        message.topic(), message.partition(), message.offset(), message.key(), message.value(), parse
-                    )
+                    event = decode(message.topic(), message.partition(), message.offset(), message.key(), value, parse)
                 except (MalformedEvent, RegistryUnavailable) as exc:
                     try:
                         event = self._undecodable(message, exc)
@@ -194,13 +194,15 @@ class Relay:
             for event in window_starts(outcome.applied):
                 attempts.pop((event.topic, event.partition, event.offset), None)
         checkpoints = self.positions.checkpoints
+        keys = []
         for (topic, partition), event in outcome.last.items():
             key = timeline_key(topic, partition)
-            previous = checkpoints.get(key, Checkpoint.initial())
+            keys.append(key)
+            previous = checkpoints.get(key) or _INITIAL
             scn = event.scn if previous.is_flexible else max(event.scn, previous.window_scn)
-            checkpoints[key] = previous.online(scn).with_values({NEXT_OFFSET: event.offset + 1})
-        if outcome.last:
-            self.positions.save([timeline_key(*timeline) for timeline in outcome.last], force=outcome.force)
+            checkpoints[key] = previous.online(scn, values={NEXT_OFFSET: event.offset + 1})
+        if keys:
+            self.positions.save(keys, force=outcome.force)
             if self._applied:
                 self._applied(event.ts_ms for event in outcome.last.values())
         if outcome.error is None:

@@ -1,0 +1,320 @@
+"""Benchmark: the operator restarted beside N Connects, N DatabusConsumers and N Transforms at rest.
+
+The "startup sync" of the DataFibers design, measured: in one namespace of the local stack, N Connect
+resources (FileStreamSource connectors on the stack's Kafka Connect, reached through a counting proxy),
+N DatabusConsumers (all stopped but `--running`, whose pods run) and N idle Transforms (half batch
+with a schedule that fires on the 1st of January, half suspended streaming ones). Once all of them are
+Ready or have a status and `--settle` seconds have passed, the operator process is stopped (SIGTERM and
+its exit, as a pod deletion does it) and a new one started. Figures:
+  observed_s       — new process started → it has reconciled every resource of every kind
+                     (`fibers_reconciles_total` per kind ≥ N on its /metrics) (goal ≤ 30 s);
+  ready_s          — new process started → its /readyz answers 200 (the watches have listed what exists);
+  api_requests     — requests of the new process to the API server from its start until `--after`
+                     seconds past `observed_s`, from the API server's audit log; `api_calls` names them,
+                     `api_writes` counts creates, updates, patches and deletes other than Events;
+  connect_calls    — requests of the new process to Kafka Connect over the same window, from the proxy's
+                     journal; `connect_listings` the connector listings among them (goal: one per sync
+                     interval), `connect_writes` the PUT, POST and DELETE calls (goal 0);
+  rewritten        — resources whose resourceVersion changed across the restart (goal 0), with the
+                     StatefulSets and checkpoint ConfigMaps of the running consumers;
+  restarted        — connectors or tasks whose state or worker changed, and consumer pods replaced or
+                     restarted (goal 0);
+  rss_mib          — the new process's resident memory at the end.
+The last line printed is one JSON object with every figure.
+
+    .venv/bin/python -m bench.operator_restart [--size 1000] [--running 2] [--settle 30] [--after 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from confluent_kafka.admin import AdminClient, NewTopic
+from kubernetes import client, config
+
+import fibers_stack as stack
+from bench.connect_scale import WITHOUT_KUBERNETES, CountingProxy, delete_topics
+from bench.machine import Run, dies_with_parent, free_port, rss_mib, say, wait
+from bench.operator_scale import consumer, transform
+from fibers_stack import audit, crds, namespaces, platform_resources
+
+GROUP, VERSION = "fibers.dev", "v1beta1"
+PLURALS = {"Connect": "connects", "DatabusConsumer": "databusconsumers", "Transform": "transforms"}
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+SYNC_INTERVAL = 10.0  # the chart's connect.syncIntervalSeconds
+POLL = 0.2  # seconds between two looks at the new process's /metrics
+
+
+def connect(i: int, namespace: str, source: Path) -> dict[str, Any]:
+    name = f"c{i}"
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Connect",
+        "metadata": {"name": name},
+        "spec": {
+            "class": "FileStreamSource",
+            "connectorName": f"{namespace}-{name}",
+            "config": {"file": str(source), "topic": f"{namespace}-{name}"},
+        },
+    }
+
+
+class Operator:
+    """One operator process watching the benchmark's namespace, Kafka Connect reached through the proxy."""
+
+    def __init__(self, info: stack.StackInfo, namespace: str, log_file: Path) -> None:
+        self.port = free_port()
+        env = {
+            **os.environ,
+            **info.env(),
+            "FIBERS_CONNECT_DEFAULT_CLUSTER": namespace,
+            "FIBERS_CONNECT_SYNC_INTERVAL": str(SYNC_INTERVAL),
+            "FIBERS_JOB_SERVICE_ACCOUNT": namespaces.JOBS_SERVICE_ACCOUNT,
+            "FIBERS_CONSUMER_SERVICE_ACCOUNT": namespaces.CONSUMER_SERVICE_ACCOUNT,
+            # As the operator image runs it: without the `kubernetes` package (RSS is the image's).
+            "PYTHONPATH": os.pathsep.join(p for p in (str(WITHOUT_KUBERNETES), os.environ.get("PYTHONPATH")) if p),
+        }
+        self._log = log_file.open("ab")
+        self.started = time.monotonic()
+        self.started_at = datetime.now(UTC)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fibers", "run", "-n", namespace, "--metrics-port", str(self.port)],
+            stdout=self._log,
+            stderr=self._log,
+            env=env,
+            preexec_fn=dies_with_parent,
+        )
+
+    def get(self, path: str) -> httpx.Response | None:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=5)
+        except httpx.HTTPError:
+            return None  # not serving yet
+
+    def reconciles(self) -> dict[str, float]:
+        """fibers_reconciles_total per kind, as its /metrics says now."""
+        answer = self.get("/metrics")
+        counts: dict[str, float] = {}
+        for line in answer.text.splitlines() if answer is not None and answer.status_code == 200 else []:
+            if line.startswith("fibers_reconciles_total{"):
+                kind = line.split('kind="', 1)[1].split('"', 1)[0]
+                counts[kind] = float(line.rsplit(" ", 1)[1])
+        return counts
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(60)
+        self._log.close()
+
+
+def snapshot(api: client.ApiClient, namespace: str, connect_url: str) -> dict[str, Any]:
+    """What a restart must leave as it is: every resource's resourceVersion, the running consumers'
+    StatefulSets, ConfigMaps and pods, and each connector's and task's state and worker (read from Kafka
+    Connect directly, not through the proxy)."""
+    custom, apps, core = client.CustomObjectsApi(api), client.AppsV1Api(api), client.CoreV1Api(api)
+    versions: dict[str, str] = {}
+    for kind, plural in PLURALS.items():
+        for item in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)["items"]:
+            versions[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
+    for sts in apps.list_namespaced_stateful_set(namespace).items:
+        versions[f"StatefulSet/{sts.metadata.name}"] = sts.metadata.resource_version
+    for cm in core.list_namespaced_config_map(namespace).items:
+        if cm.metadata.name != "kube-root-ca.crt":
+            versions[f"ConfigMap/{cm.metadata.name}"] = cm.metadata.resource_version
+    pods = {
+        f"Pod/{pod.metadata.name}": (
+            pod.metadata.uid,
+            sum(s.restart_count for s in pod.status.container_statuses or []),
+        )
+        for pod in core.list_namespaced_pod(namespace).items
+    }
+    statuses = httpx.get(f"{connect_url}/connectors", params={"expand": "status"}, timeout=60).json()
+    connectors = {
+        name: (
+            entry["status"]["connector"]["state"],
+            entry["status"]["connector"]["worker_id"],
+            tuple((t["id"], t["state"], t["worker_id"]) for t in entry["status"]["tasks"]),
+        )
+        for name, entry in statuses.items()
+        if name.startswith(f"{namespace}-")
+    }
+    return {"versions": versions, "pods": pods, "connectors": connectors}
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    return sorted(key for key in before if after.get(key) != before[key])
+
+
+def settled(custom: client.CustomObjectsApi, namespace: str, n: int, running: int) -> bool:
+    """Every Connect Ready, every consumer and Transform with a phase, the running consumers Running."""
+    for kind, plural in PLURALS.items():
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)["items"]
+        statuses = [item.get("status") or {} for item in items]
+        if kind == "Connect":
+            done = sum(
+                1
+                for s in statuses
+                if any(c.get("type") == "Ready" and c.get("status") == "True" for c in s.get("conditions") or [])
+            )
+        else:
+            done = sum(1 for s in statuses if s.get("phase"))
+        if done < n:
+            return False
+        if kind == "DatabusConsumer" and sum(1 for s in statuses if s.get("phase") == "Running") < running:
+            return False
+    return True
+
+
+def journal_window(journal: Path, since: float, until: float) -> list[tuple[str, str]]:
+    """(method, path) of the proxy's requests sent in [since, until) (monotonic, as the journal has them)."""
+    calls = []
+    for line in journal.read_text().splitlines():
+        sent, _answered, method, path = line.split(" ", 3)
+        if since <= float(sent) < until:
+            calls.append((method, path))
+    return calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1000, help="resources of each kind")
+    parser.add_argument("--running", type=int, default=2, help="consumers of the N that run (pods)")
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds at rest before the restart")
+    parser.add_argument("--after", type=float, default=30.0, help="seconds counted after every resource is observed")
+    args = parser.parse_args()
+    n = args.size
+
+    session = Run("operator_restart")
+    info = session.stack()
+    api = config.new_client_from_config(config_file=info.kubeconfig)
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    crds.apply(api)
+    workdir = Path(tempfile.mkdtemp(prefix="fibers-bench-"))
+    journal = workdir / "connect-calls.log"
+    proxy = CountingProxy(info.connect_url, journal)
+    proxy_url = proxy.start()
+    namespace = f"restart-{uuid.uuid4().hex[:6]}"
+    namespaces.create(api, namespace)
+    platform_resources.apply(api, namespace, proxy_url)  # the Connect cluster, through the counting proxy
+    topic = f"{namespace}-relay"
+    admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    source = workdir / "source.txt"
+    source.write_text("")
+    log_file = workdir / "operator.log"
+    operator = Operator(info, namespace, log_file)
+    results: dict[str, Any] = {"size": n, "running_consumers": args.running, "sync_interval_s": SYNC_INTERVAL}
+    try:
+        bodies: list[tuple[str, dict[str, Any]]] = [("connects", connect(i, namespace, source)) for i in range(n)]
+        bodies += [("databusconsumers", consumer(i, topic)) for i in range(n)]
+        for i in range(args.running):
+            bodies[n + i][1]["spec"]["state"] = "running"
+        bodies += [("transforms", transform(i, topic)) for i in range(n)]
+        say(f"creating {len(bodies)} resources in {namespace} (operator log: {log_file})")
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(
+                pool.map(lambda pair: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, *pair), bodies)
+            )
+        wait(lambda: settled(custom, namespace, n, args.running), 1800, f"{3 * n} resources settled")
+        results["settled_s"] = round(time.monotonic() - started, 1)
+        say(f"all {3 * n} resources settled after {results['settled_s']} s; at rest for {args.settle:.0f} s")
+        time.sleep(args.settle)
+        before = snapshot(api, namespace, info.connect_url)
+
+        say("restarting the operator (SIGTERM, then a new process)")
+        operator.stop()
+        operator = Operator(info, namespace, log_file)
+        observed_s = ready_s = -1.0
+        deadline = operator.started + 600
+        while time.monotonic() < deadline and observed_s < 0:
+            now = time.monotonic() - operator.started
+            if ready_s < 0 and (answer := operator.get("/readyz")) is not None and answer.status_code == 200:
+                ready_s = now
+            counts = operator.reconciles()
+            if all(counts.get(kind, 0) >= n for kind in PLURALS):
+                observed_s = now
+            time.sleep(POLL)
+        if observed_s < 0:
+            raise TimeoutError(f"the new operator reconciled {operator.reconciles()} in 600 s, not {n} of each kind")
+        say(
+            f"every resource observed after {observed_s:.1f} s (ready after {ready_s:.1f} s); "
+            f"counting {args.after:.0f} s more"
+        )
+        time.sleep(args.after)
+        until_monotonic, until = time.monotonic(), datetime.now(UTC)
+        after = snapshot(api, namespace, info.connect_url)
+        reconciles = operator.reconciles()
+        rss = rss_mib(operator.process.pid)
+        time.sleep(2)  # the audit log is written in batches behind the requests
+        requests = audit.requests(Path(info.audit_log), operator.started_at, until, namespaces=(namespace, ""))
+        writes = [r for r in requests if r.verb in WRITES and r.resource != "events"]
+        calls = journal_window(journal, operator.started, until_monotonic)
+        window_s = until_monotonic - operator.started
+        listings = [c for c in calls if c[0] == "GET" and c[1] == "/connectors"]
+        connect_writes = [f"{m} {p}" for m, p in calls if m in ("PUT", "POST", "DELETE")]
+        restarted = changed(before["connectors"], after["connectors"]) + changed(before["pods"], after["pods"])
+        results |= {
+            "observed_s": round(observed_s, 1),
+            "ready_s": round(ready_s, 1),
+            "window_s": round(window_s, 1),
+            "reconciles": reconciles,
+            "api_requests": len(requests),
+            "api_calls": dict(audit.by_call(requests).most_common(10)),
+            "api_writes": len(writes),
+            "api_writes_by_call": dict(audit.by_call(writes).most_common(10)),
+            "connect_calls": len(calls),
+            "connect_calls_by_method": dict(Counter(m for m, _ in calls)),
+            "connect_listings": len(listings),
+            "connect_sync_intervals": round(window_s / SYNC_INTERVAL, 1),
+            "connect_writes": len(connect_writes),
+            "connect_writes_sample": connect_writes[:5],
+            "rewritten": len(changed(before["versions"], after["versions"])),
+            "rewritten_sample": changed(before["versions"], after["versions"])[:10],
+            "restarted": len(restarted),
+            "restarted_sample": restarted[:10],
+            "rss_mib": round(rss, 1),
+        }
+        results["goals"] = {
+            "observed_le_30_s": results["observed_s"] <= 30,
+            "connect_writes_0": results["connect_writes"] == 0,
+            "api_writes_0": results["api_writes"] == 0,
+            "rewritten_0": results["rewritten"] == 0,
+            "restarted_0": results["restarted"] == 0,
+        }
+        say("cleaning up (the operator removes the connectors)")
+        for plural in PLURALS.values():
+            custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+        wait(
+            lambda: (
+                not any(
+                    custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)["items"]
+                    for plural in PLURALS.values()
+                )
+            ),
+            900,
+            "resources deleted",
+        )
+    finally:
+        operator.stop()
+        core.delete_namespace(namespace)
+        platform_resources.delete(api, namespace)
+        delete_topics(info.kafka_bootstrap, f"{namespace}-")
+    session.report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
