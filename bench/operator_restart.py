@@ -212,7 +212,7 @@ def main() -> int:
     admin = AdminClient({"bootstrap.servers": info.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     source = workdir / "source.txt"
-    source.write_text("")
+    source.write_text("".join(f"line {i}\n" for i in range(10)))  # each connector writes its topic
     log_file = workdir / "operator.log"
     operator = Operator(info, namespace, log_file)
     results: dict[str, Any] = {"size": n, "running_consumers": args.running, "sync_interval_s": SYNC_INTERVAL}
@@ -259,7 +259,11 @@ def main() -> int:
         reconciles = operator.reconciles()
         rss = rss_mib(operator.process.pid)
         time.sleep(2)  # the audit log is written in batches behind the requests
-        requests = audit.requests(Path(info.audit_log), operator.started_at, until, namespaces=(namespace, ""))
+        requests = [  # the operator's own: the running consumers' pods use the same user agent
+            r
+            for r in audit.requests(Path(info.audit_log), operator.started_at, until, namespaces=(namespace, ""))
+            if not r.user.startswith("system:serviceaccount:")
+        ]
         writes = [r for r in requests if r.verb in WRITES and r.resource != "events"]
         calls = journal_window(journal, operator.started, until_monotonic)
         window_s = until_monotonic - operator.started

@@ -124,3 +124,56 @@ def test_a_rotated_secret_gives_the_clusters_naming_it_a_new_client_and_no_other
     assert new_header == "Basic " + base64.b64encode(b"u:new").decode()
     assert masked == "new"  # the new value is masked in the cluster's errors
     assert due_now and untouched
+
+
+class ProbedKube(Secrets):
+    """Secrets, and the ConnectCluster status writes."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.written: list[dict[str, Any]] = []
+
+    async def replace_cluster_status(
+        self, plural: str, name: str, status: dict[str, Any], previous: dict[str, Any]
+    ) -> None:
+        self.written.append(status)
+
+
+class AnsweringConnect:
+    async def server_info(self) -> dict[str, Any]:
+        return {"version": "4.1.1", "commit": "abc", "kafka_cluster_id": "k1"}
+
+    async def plugins(self) -> list[dict[str, Any]]:
+        return [{"class": "FileStreamSource", "type": "source", "version": "4.1.1"}]
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _probed_twice(stored: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One operator process: the cluster seen (with `stored` as its status), probed, a listing noted, probed."""
+    from fibers.connect.rest import ConnectorView
+
+    async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        kube = ProbedKube()
+        registry = ConnectClusters(kube, ClusterSettings())  # type: ignore[arg-type]
+        body = {"metadata": {"name": "c", "uid": "u", "generation": 1}, "spec": {"url": "http://c:8083"}}
+        await registry.observe("ADDED", {**body, "status": stored})
+        known = registry.known["c"]
+        known.client = AnsweringConnect()  # type: ignore[assignment]
+        await registry._probe(known)
+        view = {"status": {"connector": {"state": "RUNNING", "worker_id": "w1:8083"}, "tasks": []}}
+        registry.note_listing("c", {"orders": ConnectorView.from_listing("orders", view)})
+        await registry._probe(known)
+        return kube.written, known.status
+
+    return asyncio.run(scenario())
+
+
+def test_a_restarted_operator_writes_no_connect_cluster_status_that_has_not_changed() -> None:
+    """The workers and connector count come from the Connect sync's listing: the first probe of a new
+    process kept them out, and the listing put them back — two writes of an unchanged status per restart."""
+    first, status = _probed_twice({})
+    assert status["workers"] == ["w1:8083"] and status["connectors"] == 1 and first
+    again, _ = _probed_twice(status)
+    assert again == []

@@ -788,3 +788,51 @@ def test_a_connector_from_before_the_owner_record_is_taken_over_only_with_its_ex
 
     assert asyncio.run(scenario("ours")).puts == ["orders"]  # the key written: ours from now on
     assert asyncio.run(scenario("someone else")).puts == []
+
+
+def test_a_restarted_operator_does_not_rewrite_a_status_that_has_not_changed() -> None:
+    """After a restart every Connect is seen again with the status the last process wrote. Unchanged, it is
+    not written again until its heartbeat is due — counted from the status's own lastSyncTime, since the
+    new process has written nothing yet (it rewrote every Connect's status at start: bench/operator_restart)."""
+
+    async def settled_status() -> dict[str, Any]:
+        sync, kube, connect = _sync()
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, body)  # type: ignore[arg-type]
+        connect.list_expanded = lambda *, configs=True: _listing(  # type: ignore[method-assign]
+            _running("orders", config=sync.targets["shop", "orders"].config)
+        )
+        connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]
+        for _ in range(3):
+            sync._configs_read.clear()
+            await _sync_once(sync)
+        return kube.statuses["orders"]
+
+    async def restarted(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        sync, kube, connect = _sync()  # a new process: it has written nothing yet
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, {**body, "status": copy.deepcopy(status)})  # type: ignore[arg-type]
+        connect.list_expanded = lambda *, configs=True: _listing(  # type: ignore[method-assign]
+            _running("orders", config=sync.targets["shop", "orders"].config)
+        )
+        connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]
+        for _ in range(3):
+            sync._configs_read.clear()
+            await _sync_once(sync)
+        return kube.statuses
+
+    status = asyncio.run(settled_status())
+    assert conditions_ready(status) == "True"
+    assert asyncio.run(restarted(status)) == {}
+    # A status whose last sync is older than the heartbeat is written again, once.
+    stale = {**status, "lastSyncTime": "2020-01-01T00:00:00Z"}
+    written = asyncio.run(restarted(stale))
+    assert list(written) == ["orders"] and written["orders"]["lastSyncTime"] > stale["lastSyncTime"]
+
+
+async def _topics() -> list[str]:
+    return ["t"]
+
+
+def conditions_ready(status: dict[str, Any]) -> str:
+    return next(c["status"] for c in status.get("conditions", []) if c["type"] == "Ready")

@@ -75,7 +75,17 @@ class Publisher:
         self.written: dict[Key, float] = {}  # when each resource's status was last written (monotonic)
 
     def heartbeat_due(self, target: Target) -> bool:
-        return time.monotonic() - self.written.get(target.key, 0) > self.policy.status_heartbeat
+        """An unchanged status is written again once its lastSyncTime is `status_heartbeat` old. Before this
+        process has written it, the age is the stored lastSyncTime's: a restarted operator otherwise rewrote
+        every Connect's status at once (bench/operator_restart)."""
+        written = self.written.get(target.key)
+        if written is not None:
+            return time.monotonic() - written > self.policy.status_heartbeat
+        try:
+            synced = conditions.parse_time(str(target.status["lastSyncTime"]))
+        except (KeyError, ValueError):
+            return True
+        return (utcnow() - synced).total_seconds() > self.policy.status_heartbeat
 
     def forget(self, key: Key) -> None:
         self.written.pop(key, None)
