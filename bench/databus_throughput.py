@@ -15,10 +15,11 @@ In one run it measures:
                      (fibers.consumer.tuning.KAFKA_CONSUMER): what is left is the runtime's own cost;
   noop_ratio       — noop_sink_eps / plain_loop_eps (goal ≥ 1.0); noop_ratio_same_parser is
                      the ratio against the loop with the runtime's parser (goal ≥ 0.95), and
-                     noop_ratio_same_settings against the loop with its parser and settings;
+                     noop_ratio_same_settings against the loop with its parser and settings (goal ≥ 0.9:
+                     the runtime's own cost; a profile of where it goes is in docs/benchmarks.md);
                      all four alternate over `--rounds` rounds, each figure the median;
   plain_mongo_bulk_eps — a hand-written loop upserting the same records with pymongo bulk writes;
-  mongodb_ratio    — mongodb_sink_eps / plain_mongo_bulk_eps (goal ≥ 0.8): our overhead, not FerretDB's;
+  mongodb_ratio    — mongodb_sink_eps / plain_mongo_bulk_eps (goal ≥ 1.0): our overhead, not FerretDB's;
   bootstrap_rows_per_s — rows delivered by a bootstrap (snapshot + catchup) from the store;
   configmap_writes_per_s — checkpoint writes per second per consumer after its first one, which the
                      throttle lets through at once (goal ≤ 1: one write per minIntervalSeconds).
@@ -288,7 +289,8 @@ def main() -> int:
     results["goals"] = {
         "noop_ratio_ge_1.0": results["noop_ratio"] >= 1.0,
         "noop_ratio_same_parser_ge_0.95": results["noop_ratio_same_parser"] >= 0.95,
-        "mongodb_ratio_ge_0.8": results["mongodb_ratio"] >= 0.8,
+        "noop_ratio_same_settings_ge_0.9": results["noop_ratio_same_settings"] >= 0.9,  # issue 46
+        "mongodb_ratio_ge_1.0": results["mongodb_ratio"] >= 1.0,
         "configmap_writes_le_1_per_s": results["configmap_writes_per_s"] <= 1.0,
         "metrics_ratio_ge_0.98": results["metrics_ratio"] >= 0.98,
     }
