@@ -285,6 +285,21 @@ def ready_watcher(custom: client.CustomObjectsApi, namespace: str, n: int) -> th
     return done
 
 
+def connect_body(i: int, namespace: str, source: Path) -> dict[str, Any]:
+    """Connect resource number i: a FileStreamSource connector reading `source` into a topic of its own."""
+    name = f"c{i}"
+    return {
+        "apiVersion": "fibers.dev/v1beta1",
+        "kind": "Connect",
+        "metadata": {"name": name},
+        "spec": {
+            "class": "FileStreamSource",
+            "connectorName": f"{namespace}-{name}",
+            "config": {"file": str(source), "topic": f"{namespace}-{name}"},
+        },
+    }
+
+
 def operator_run(
     info: stack.StackInfo,
     api: client.ApiClient,
@@ -323,19 +338,6 @@ def operator_run(
         time.sleep(3)
         baseline = fibers_series(port, per_resource=True)
 
-        def body(i: int) -> dict[str, Any]:
-            name = f"c{i}"
-            return {
-                "apiVersion": "fibers.dev/v1beta1",
-                "kind": "Connect",
-                "metadata": {"name": name},
-                "spec": {
-                    "class": "FileStreamSource",
-                    "connectorName": f"{namespace}-{name}",
-                    "config": {"file": str(source), "topic": f"{namespace}-{name}"},
-                },
-            }
-
         all_ready = ready_watcher(custom, namespace, n)
         time.sleep(0.5)  # the watch is open
         phase = Phase({**pids, "operator": op.pid})
@@ -344,7 +346,7 @@ def operator_run(
             list(
                 pool.map(
                     lambda i: custom.create_namespaced_custom_object(
-                        "fibers.dev", "v1beta1", namespace, "connects", body(i)
+                        "fibers.dev", "v1beta1", namespace, "connects", connect_body(i, namespace, source)
                     ),
                     range(n),
                 )

@@ -48,7 +48,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client, config
 
 import fibers_stack as stack
-from bench.connect_scale import CHARGED, WITHOUT_KUBERNETES, CountingProxy, delete_topics
+from bench.connect_scale import CHARGED, WITHOUT_KUBERNETES, CountingProxy, connect_body, delete_topics
 from bench.machine import Run, cpu_seconds, dies_with_parent, free_port, rss_mib, say, wait
 from bench.operator_scale import consumer, transform
 from fibers_stack import audit, crds, namespaces, platform_resources
@@ -59,20 +59,6 @@ WRITES = ("create", "update", "patch", "delete", "deletecollection")
 SYNC_INTERVAL = 10.0  # the chart's connect.syncIntervalSeconds
 POLL = 0.2  # seconds between two looks at the new process's /metrics
 HEARTBEAT_S = 300.0  # ConnectPolicy.status_heartbeat: an unchanged Connect status is written again this often
-
-
-def connect(i: int, namespace: str, source: Path) -> dict[str, Any]:
-    name = f"c{i}"
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Connect",
-        "metadata": {"name": name},
-        "spec": {
-            "class": "FileStreamSource",
-            "connectorName": f"{namespace}-{name}",
-            "config": {"file": str(source), "topic": f"{namespace}-{name}"},
-        },
-    }
 
 
 class Operator:
@@ -233,7 +219,7 @@ def main() -> int:
     operator = Operator(info, namespace, log_file)
     results: dict[str, Any] = {"size": n, "running_consumers": args.running, "sync_interval_s": SYNC_INTERVAL}
     try:
-        bodies: list[tuple[str, dict[str, Any]]] = [("connects", connect(i, namespace, source)) for i in range(n)]
+        bodies: list[tuple[str, dict[str, Any]]] = [("connects", connect_body(i, namespace, source)) for i in range(n)]
         bodies += [("databusconsumers", consumer(i, topic)) for i in range(n)]
         for i in range(args.running):
             bodies[n + i][1]["spec"]["state"] = "running"
