@@ -52,7 +52,8 @@ def test_each_report_counts_once_into_the_drivers_series() -> None:
 
 
 def test_the_driver_hands_each_report_on_once_however_often_it_reads_the_recent_ones() -> None:
-    """The driver reads Spark's recent reports every second; a report already seen is not counted again."""
+    """Reports reach the counter from the listener and once more from the kept ones after the stop; a report
+    already seen is not counted again."""
 
     def spark_report(at: str, written: int) -> SimpleNamespace:
         return SimpleNamespace(timestamp=at, sink=SimpleNamespace(numOutputRows=written), numInputRows=written)

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from fibers import lineage, logs, termination
 from fibers.jobs import progress
 from fibers.jobs.inputs import build_views, input_statistics
-from fibers.jobs.outputs import RowCounter, start_query, stop_query, write_outputs
+from fibers.jobs.outputs import ProgressListener, RowCounter, start_query, stop_query, write_outputs
 from fibers.jobs.report import (
     JobResult,
     error_message,
@@ -104,17 +104,21 @@ def run_streaming(spark: SparkSession, spec: JobSpec, stop: threading.Event, pol
     if port := os.environ.get(METRICS_PORT_ENV):  # the operator names the driver's metrics port
         metrics = progress.StreamingMetrics(spec.name)
         metrics.serve(int(port))
-    query = start_query(spec, result)
-    log.info("streaming query started", extra={"query": query.name, "checkpoint": spec.checkpoint_location})
     counter = RowCounter(metrics.observe if metrics else None)
+    listener = ProgressListener(spec.run, counter)
+    spark.streams.addListener(listener)
     try:
-        while not stop.is_set():
-            if query.awaitTermination(poll_seconds):  # raises StreamingQueryException if the query failed
-                break
-            counter.add(query.recentProgress)
+        query = start_query(spec, result)
+        log.info("streaming query started", extra={"query": query.name, "checkpoint": spec.checkpoint_location})
+        try:
+            while not stop.is_set():
+                if query.awaitTermination(poll_seconds):  # raises StreamingQueryException if the query failed
+                    break
+        finally:
+            stop_query(query)
+        counter.add(query.recentProgress)  # what the listener bus had not delivered when the query stopped
     finally:
-        stop_query(query)
-    counter.add(query.recentProgress)
+        spark.streams.removeListener(listener)
     log.info("streaming query stopped", extra={"query": query.name, "records": counter.rows})
     return JobResult(counter.rows, None, time.monotonic() - started)
 
