@@ -391,6 +391,10 @@ def test_paused_reconciliation_leaves_drift_alone(
             "must not set name, connector.class or tasks.max",
         ),
         ({"class": "FileStreamSource", "state": "sleeping"}, "Unsupported value"),
+        (  # another team's group: its records read here, its offsets moved by a seek
+            {"class": "FileStreamSink", "config": {"topics": "t", "consumer.override.group.id": "connect-b-sink"}},
+            "must not set consumer.override.group.id",
+        ),
         ({"config": {"topic": "t"}}, "class"),
         ({"class": "X", "cluster": "http://kafka-connect:8083"}, "spec.cluster"),  # a ConnectCluster's name, not a URL
         (

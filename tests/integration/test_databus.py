@@ -156,6 +156,8 @@ def test_one_consumer_feeds_two_sinks_from_one_read(
     except AssertionError as exc:
         raise AssertionError(f"{exc}; status.sinks is {consumers.status(unique).get('sinks')}") from None
     assert all(x["errors"] == 0 and x["timeouts"] == 0 for x in status["sinks"])
+    # Ready follows the StatefulSet's ready pods as the reconcile before read them: it may come a look later.
+    consumers.wait_condition(unique, "True", "Consuming", timeout=60)
     row, now = consumers.printed(unique), consumers.status(unique)
     assert (row["Sink"], row["Mode"], row["Ready"], row["Upstream"]) == (
         "mongodb, kafka",

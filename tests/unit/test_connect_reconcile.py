@@ -698,7 +698,7 @@ def test_a_source_connectors_seek_is_an_incremental_snapshot_asked_on_its_signal
     target = _target()
     target.offsets_request = request
     assert decide(target, _view(target), NOW) == [Step.SNAPSHOT]  # it keeps running
-    signal = snapshot_signal(spec.config)
+    signal = snapshot_signal(spec.config, "kafka:9092")
     assert (signal.topic, signal.key, signal.bootstrap) == ("shop-signals", "shop", "kafka:9092")
     assert json.loads(signal.value) == {
         "type": "execute-snapshot",
@@ -711,7 +711,19 @@ def test_a_source_connectors_seek_is_an_incremental_snapshot_asked_on_its_signal
 
 def test_a_source_without_debeziums_kafka_signal_channel_says_what_its_config_lacks() -> None:
     with pytest.raises(OffsetsInputError) as refused:
-        snapshot_signal({**CAPTURE, "signal.kafka.topic": "s"})
+        snapshot_signal({**CAPTURE, "signal.kafka.topic": "s"}, "kafka:9092")
     message = str(refused.value)
     assert "a source connector has no position in time" in message
     assert "signal.enabled.channels with kafka, signal.kafka.bootstrap.servers, signal.data.collection" in message
+
+
+@pytest.mark.parametrize("declared", ["kafka:9092", ""])
+def test_a_snapshot_signal_goes_only_to_the_kafka_the_platform_declared(declared: str) -> None:
+    """The signal's address is in the user's config: elsewhere than the cluster's declared Kafka (another team's
+    Kafka, any host:port) it is refused, not sent from the operator's pod."""
+    config = {**CAPTURE, **SIGNALS, "signal.kafka.bootstrap.servers": "evil.example:9092"}
+    with pytest.raises(OffsetsInputError, match=r"signal\.kafka\.bootstrap\.servers \(evil\.example:9092\) is not"):
+        snapshot_signal(config, declared)
+    # One broker of the declared list is the same Kafka: the signal goes to the declared list.
+    same = {**CAPTURE, **SIGNALS, "signal.kafka.bootstrap.servers": "KAFKA-1:9092"}
+    assert snapshot_signal(same, "kafka-0:9092,kafka-1:9092").bootstrap == "kafka-0:9092,kafka-1:9092"

@@ -123,3 +123,12 @@ def test_the_owner_key_cannot_be_set_by_the_spec(field: str) -> None:
     value: Any = {"secretKeyRef": {"name": "s", "key": "k"}} if field == "secretConfig" else "team-a/orders"
     with pytest.raises(SpecError, match=rf"spec\.{field}\.fibers\.owner"):
         parse(_spec(**{field: {"fibers.owner": value}}), "orders")
+
+
+@pytest.mark.parametrize("field", ["config", "secretConfig"])
+def test_a_sink_cannot_name_its_consumer_group(field: str) -> None:
+    """Named by the user, the group could be another team's: the connector would read its records, and a seek or a
+    Replay would move that team's offsets (Kafka Connect moves the group the connector uses)."""
+    value: Any = {"secretKeyRef": {"name": "s", "key": "k"}} if field == "secretConfig" else "connect-b-sink"
+    with pytest.raises(SpecError, match=rf"spec\.{field}\.consumer\.override\.group\.id"):
+        parse(_spec(**{field: {"consumer.override.group.id": value}}), "orders")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from fibers.replay import plan
 from fibers.replay.plan import FAILED, REPOSITIONED, SEEKING, SKIPPED, WAITING, ReplaySpec, ReplaySpecError
+from fibers.replay.reconciler import Pass, ReplayReconciler
 from fibers.startfrom import StartFrom
 
 NOW_MS = 1_795_770_000_000  # 2026-11-27T09:00:00Z
@@ -144,3 +146,43 @@ def test_a_sink_connect_is_repositioned_once_its_seek_moved_it_and_it_runs_again
     )
     assert refused.status["steps"][0]["state"] == FAILED and refused.repositioned == []
     assert plan.seek_of("Connect", SPEC, NONCE) == {"nonce": NONCE, "startFrom": SPEC.start.to_dict()}  # no sinks
+
+
+def test_named_resources_are_planned_by_their_specs_so_a_source_connector_is_skipped_under_keep() -> None:
+    """Named in spec.resources (rather than by a pipeline label), each resource is read before it is planned:
+    planned from its name alone, a Debezium source looked like a step to move, and `sources: keep` became an
+    incremental snapshot the user had not asked for (its tables sent again downstream)."""
+    bodies = {
+        ("connects", "orders-cdc"): {"metadata": {"name": "orders-cdc"}, "spec": {"class": "Pg", "config": {}}},
+        ("connects", "orders-sink"): {"metadata": {"name": "orders-sink"}, "spec": {"config": {"topics": "t"}}},
+    }
+
+    class Kube:
+        async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+            assert namespace == "shop"  # only the Replay's own namespace is read
+            return bodies.get((plural, name))
+
+    names = ["orders-cdc", "orders-sink", "not-there-yet"]
+    replay = {
+        "metadata": {"namespace": "shop", "name": "r", "uid": "u"},
+        "spec": {"startFrom": {"position": "earliest"}, "resources": [{"kind": "Connect", "name": n} for n in names]},
+    }
+    p = Pass(replay, {})
+    reconciler = ReplayReconciler(Kube())  # type: ignore[arg-type]
+    asyncio.run(reconciler._read_spec(p))
+    asyncio.run(reconciler._plan_steps(p))
+    states = {s["name"]: s["state"] for s in p.status["steps"]}
+    assert states == {"orders-cdc": SKIPPED, "orders-sink": WAITING, "not-there-yet": WAITING}
+
+
+def test_a_suspended_transform_is_repositioned_by_its_pending_seek_instead_of_holding_the_replay() -> None:
+    """A suspended Transform takes no seek until resumed, so the Replay waited on it for ever ("waiting for the
+    operator to take the seek"); its first run after the resume is the seek's, as a stopped consumer's is."""
+    body = target("Transform", "agg", seek=NONCE)
+    body["spec"]["state"] = "suspended"
+    assert plan.step_state("Transform", body, NONCE) == (
+        REPOSITIONED,
+        "suspended: its run of the seek starts when it is resumed",
+    )
+    body["spec"]["state"] = "running"
+    assert plan.step_state("Transform", body, NONCE)[0] == SEEKING  # running: it must take the seek first

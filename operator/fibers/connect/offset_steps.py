@@ -68,7 +68,8 @@ class OffsetSteps:
                 message = await client.alter_offsets(connector, await self._to_apply(target, source))
                 await self._done(target, outcome, True, message or f"offsets from {source} applied")
             elif step is Step.SNAPSHOT:
-                signal = offsets.snapshot_signal(target.config)
+                kafka = self.clusters.kafka_bootstrap(target.cluster) or self.kafka_bootstrap or ""
+                signal = offsets.snapshot_signal(target.config, kafka)
                 await asyncio.to_thread(_send, signal)
                 tables = ", ".join(signal.tables)
                 message = (

@@ -107,9 +107,15 @@ class SnapshotSignal:
     tables: tuple[str, ...]
 
 
-def snapshot_signal(config: dict[str, str]) -> SnapshotSignal:
+def snapshot_signal(config: dict[str, str], kafka: str) -> SnapshotSignal:
     """The signal asking a Debezium source connector for an incremental snapshot of every table it captures;
-    OffsetsInputError names what its config lacks for that."""
+    OffsetsInputError names what its config lacks for that.
+
+    `kafka` is the Kafka the platform declared for the connector's cluster (its ConnectCluster's
+    kafkaBootstrapServers, else the operator's own). The signal goes there and nowhere else: the
+    connector's `signal.kafka.bootstrap.servers` is the user's to write, and must not point the
+    operator's network identity at an address of their choosing.
+    """
     channels = {c.strip() for c in (config.get("signal.enabled.channels") or "source").split(",")}
     topic, bootstrap = config.get("signal.kafka.topic", ""), config.get("signal.kafka.bootstrap.servers", "")
     signals = config.get("signal.data.collection", "")  # captured too, so Debezium sees its watermarks: not data
@@ -137,8 +143,19 @@ def snapshot_signal(config: dict[str, str]) -> SnapshotSignal:
             "it can be asked to send its tables again (an incremental snapshot) through Debezium's Kafka signal "
             f"channel, which needs in its config: {', '.join(missing)}. Nothing was changed"
         )
+    if not _brokers(bootstrap) & _brokers(kafka):
+        raise OffsetsInputError(
+            f"spec.seek: signal.kafka.bootstrap.servers ({bootstrap}) is not the Kafka declared for the connector's "
+            f"Connect cluster ({kafka or 'none declared'}); the operator sends a snapshot signal only there. Nothing "
+            "was changed"
+        )
     value = {"type": "execute-snapshot", "data": {"data-collections": list(tables), "type": "INCREMENTAL"}}
-    return SnapshotSignal(bootstrap, topic, config["topic.prefix"], json.dumps(value), tables)
+    return SnapshotSignal(kafka, topic, config["topic.prefix"], json.dumps(value), tables)
+
+
+def _brokers(bootstrap: str) -> set[str]:
+    """host:port entries of a bootstrap list, compared without case or spaces (one in common: the same Kafka)."""
+    return {b.strip().lower() for b in bootstrap.split(",") if b.strip()}
 
 
 def sink_topics(config: dict[str, str]) -> tuple[list[str], str] | None:

@@ -14,6 +14,9 @@ KIND = "Connect"
 
 # spec.state → the state Kafka Connect reports once it is reached.
 # `suspended` is the word every kind shares (nothing runs, positions kept): a STOPPED connector, offsets kept.
+# Kafka Connect's per-connector override of a sink's consumer group. Refused: the group a seek or replay moves
+# must be the connector's own (connect-<name>), never one a user names, which may be another team's.
+GROUP_OVERRIDE = "consumer.override.group.id"
 CONNECT_STATES = {"running": "RUNNING", "paused": "PAUSED", "stopped": "STOPPED", "suspended": "STOPPED"}
 
 
@@ -117,6 +120,11 @@ def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
     for field_name, keys in (("config", config), ("secretConfig", refs)):
         if OWNER_KEY in keys:
             raise SpecError(f"spec.{field_name}.{OWNER_KEY}: the operator writes this key itself (a connector's owner)")
+        if GROUP_OVERRIDE in keys:
+            raise SpecError(
+                f"spec.{field_name}.{GROUP_OVERRIDE}: a sink connector's consumer group is connect-<connector name>; "
+                "another name could join another connector's group, and a seek or replay would move its offsets"
+            )
     restart = spec.get("autoRestart") or {}
     seek = start_from = None
     try:

@@ -17,6 +17,9 @@ READY_ANSWER_BYTES: Final = 512
 # (their grace period is 30 s, and a stopping consumer writes its last checkpoint within it).
 SEEK_STOP_WAIT_SECONDS: Final = 60.0
 SEEK_STOP_POLL_SECONDS: Final = 0.5
+# An instance still running after that wait (a kubelet that lost touch, a slow foreground delete) keeps the
+# checkpoints in place; the seek looks again this often, each time waiting as above.
+SEEK_RECHECK_SECONDS: Final = 30.0
 
 # A running instance that is not ready and does not say why yet (its process still starting, before its /ready
 # answers) is asked again this long after its container started: nothing else changes while it waits (for its

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from fibers import conditions, metrics, pod_trouble, podpolicy, upstream
@@ -22,7 +22,7 @@ from fibers.databus import instances, owners, report, secrets, stats, workload
 from fibers.databus.checkpoint import CheckpointError
 from fibers.databus.config import ConsumerConfig, sink_name, sink_specs
 from fibers.databus.owners import LABEL_CONSUMER
-from fibers.databus.policy import SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
+from fibers.databus.policy import SEEK_RECHECK_SECONDS, SEEK_STOP_POLL_SECONDS, SEEK_STOP_WAIT_SECONDS
 from fibers.databus.timelines import Checkpoints
 from fibers.databus.workload import PLURAL, seek_position
 from fibers.kube import Kube, SecretMissing
@@ -53,6 +53,8 @@ class Pass:
     waiting: str = ""  # what its sourceRefs still lack
     producers: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → the resource writing it
     problem: str = ""  # why the spec cannot run (InvalidSpec)
+    seek_waiting: str = ""  # a seek whose instances have not all stopped yet: its checkpoints are kept
+    seek_due: datetime | None = None  # when that seek looks at its instances again
     manifest: dict[str, Any] | None = None  # the StatefulSet wanted
     new_status: dict[str, Any] = field(default_factory=dict)
     trouble_due: datetime | None = None  # when a pod waiting to be placed has waited long enough to say
@@ -144,7 +146,7 @@ class DatabusReconciler:
             await step(p)
         # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
         # Everything else it reads (children, sourceRefs) brings it back when it changes.
-        due = min((at.timestamp() for at in (p.trouble_due, p.silent_due) if at), default=math.inf)
+        due = min((at.timestamp() for at in (p.trouble_due, p.silent_due, p.seek_due) if at), default=math.inf)
         return Again(at=due, waiting=bool(p.problem or p.conflict))
 
     async def _read_children(self, p: Pass) -> None:
@@ -164,7 +166,14 @@ class DatabusReconciler:
             except StartFromError as exc:
                 p.problem = str(exc)
                 return
-            await self._stop_and_drop_checkpoints(p.body, seek["nonce"], to, p.context)
+            if running := await self._stop_and_drop_checkpoints(p.body, seek["nonce"], to, p.context):
+                p.seek_waiting = (
+                    f"seek {seek['nonce']}: {running} instance(s) still running {SEEK_STOP_WAIT_SECONDS:g} s after "
+                    "they were told to stop; the checkpoints are dropped once every instance has stopped"
+                )
+                p.seek_due = utcnow() + timedelta(seconds=SEEK_RECHECK_SECONDS)
+                p.existing = None  # deleted: nothing is applied or asked until the seek has run
+                return
             p.status["lastSeekNonce"] = seek["nonce"]
             await self.kube.replace_status(PLURAL, p.namespace, p.name, p.status, p.body.get("status") or {})
             p.body["status"] = dict(p.status)
@@ -262,7 +271,7 @@ class DatabusReconciler:
     async def _apply_workload(self, p: Pass) -> None:
         if p.paused:  # what runs keeps running as it is; a restartNonce waits for the pause to end
             return
-        if p.manifest is not None and not (p.problem or p.conflict):
+        if p.manifest is not None and not (p.problem or p.conflict or p.seek_waiting):
             await self._apply(p.manifest, p.existing, p.context)
         if p.spec.get("restartNonce"):
             p.status["lastRestartNonce"] = p.spec["restartNonce"]
@@ -326,18 +335,25 @@ class DatabusReconciler:
 
     async def _stop_and_drop_checkpoints(
         self, body: dict[str, Any], nonce: str, to: StartFrom, ctx: dict[str, Any]
-    ) -> None:
-        """Stop every instance, drop the checkpoints, and let the consumers start again from `to`."""
+    ) -> int:
+        """Stop every instance, then drop the checkpoints so the consumers start again from `to`.
+
+        Returns how many instances still run (0: the checkpoints are gone). While any does, the checkpoints
+        stay: an instance still running would write its old positions into a ConfigMap made again by its
+        successors (their fencing tokens start afresh in it), and they would resume there, not at `to`.
+        """
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
         selector = f"{LABEL_CONSUMER}={body['metadata']['name']}"
         deadline = time.monotonic() + SEEK_STOP_WAIT_SECONDS
-        while time.monotonic() < deadline and await self.kube.items(
-            path("v1", "pods", namespace), labelSelector=selector
-        ):
+        while pods := await self.kube.items(path("v1", "pods", namespace), labelSelector=selector):
+            if time.monotonic() >= deadline:
+                log.warning("seek: instances still running", extra={**ctx, "nonce": nonce, "instances": len(pods)})
+                return len(pods)
             await asyncio.sleep(SEEK_STOP_POLL_SECONDS)
         await self.delete_checkpoints(body)
         log.warning("seek: checkpoints removed", extra={**ctx, "to": to.to_dict(), "nonce": nonce})
+        return 0
 
     async def _foreign_lease(self, namespace: str, name: str, topics: list[str]) -> str:
         """A Lease named as one of the consumer's partitions that its instances did not make: they leave it
@@ -413,6 +429,7 @@ class DatabusReconciler:
             conflict=p.conflict,
             unready=unready,
             stuck=stuck,
+            seek_waiting=p.seek_waiting,
         )
         conds = [*conditions.with_upstream_note(conds, p.health), p.health]
         if p.paused:

@@ -63,6 +63,7 @@ def decide(
     conflict: str = "",
     unready: str = "",
     stuck: tuple[str, str] | None = None,
+    seek_waiting: str = "",
 ) -> tuple[list[Condition], str]:
     """The conditions and phase, the first that applies winning: what stops the consumer from running
     (its spec, a name another owns, a checkpoint it cannot read, sources not known), then what its
@@ -73,6 +74,8 @@ def decide(
         return conditions.stalled("Conflict", conflict), "Failed"
     if invalid:
         return conditions.stalled("CheckpointInvalid", invalid), "Failed"
+    if seek_waiting:
+        return conditions.waiting("SeekWaiting", seek_waiting), "Pending"
     if waiting:
         return conditions.waiting("SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
     if stopped(spec):

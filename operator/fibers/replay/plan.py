@@ -115,6 +115,9 @@ def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple
     meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
     if (spec.get("seek") or {}).get("nonce") != seek_nonce:
         return FAILED, "its spec.seek was changed by someone else while the replay ran"
+    if kind == "Transform" and spec.get("state") == "suspended":
+        # A suspended Transform takes no seek until it is resumed: its first run then is the seek's.
+        return REPOSITIONED, "suspended: its run of the seek starts when it is resumed"
     generation = int(meta.get("generation", 0))
     if status.get("lastSeekNonce") != seek_nonce or int(status.get("observedGeneration", -1)) != generation:
         return SEEKING, "waiting for the operator to take the seek"

@@ -92,8 +92,11 @@ class ReplayReconciler:
                 for kind, plural in pipeline.KINDS.items()
             }
             ordered = [(s.kind, s.body) for s in pipeline.order(bodies)]
-        else:
-            ordered = [(kind, {"metadata": {"name": name}, "spec": {}}) for kind, name in p.spec.resources]
+        else:  # read as they are, so each is judged by its spec (a source connector skipped under `keep`)
+            ordered = [
+                (kind, await self.kube.get_object(pipeline.KINDS[kind], p.namespace, name) or _absent(name))
+                for kind, name in p.spec.resources
+            ]
         sources = p.spec.sources
         planned = [(kind, str(body["metadata"]["name"]), _why_skipped(kind, body, sources)) for kind, body in ordered]
         if not planned:
@@ -222,6 +225,11 @@ def _reads(kind: str, body: dict[str, Any], default_bootstrap: str | None) -> tu
             resolved = [t for i in inputs for t in (i.get("kafka") or {}).get("topics") or []]
         return default_bootstrap or "", resolved
     return "", []
+
+
+def _absent(name: str) -> dict[str, Any]:
+    """A named resource that does not exist (yet): planned all the same, and reported when its turn comes."""
+    return {"metadata": {"name": name}, "spec": {}}
 
 
 def _why_skipped(kind: str, body: dict[str, Any], sources: str) -> str:
