@@ -7,6 +7,7 @@ in its plugin path (each in a plugin directory of its own).
 from __future__ import annotations
 
 import base64
+import os
 import ssl
 import subprocess
 import uuid
@@ -40,6 +41,11 @@ rootLogger.appenderRef.c.ref = C
 logger.connect.name = org.apache.kafka.connect.runtime.WorkerSourceTask
 logger.connect.level = WARN
 """
+
+
+# The Connect worker's heap. 1 GiB holds the tests and connect_scale to N=1,000; it is full at ~2,200
+# FileStreamSource connectors (each task keeps a producer), so a larger run sets FIBERS_CONNECT_HEAP (e.g. 3g).
+CONNECT_HEAP = "1g"
 
 
 def _properties(path: Path, values: dict[str, object]) -> Path:
@@ -177,7 +183,8 @@ def start(launcher: Launcher) -> dict[str, str]:
     # Connectors reach servers by the cluster names users give them (`services`), as an in-cluster worker would.
     hosts = services.hosts_file(home / "hosts")
     main, options = "org.apache.kafka.connect.cli.ConnectDistributed", (f"-Djdk.net.hosts.file={hosts}",)
-    launcher.spawn("kafka-connect", _java(lib, home, "1g", main, str(worker), options=options))
+    heap = os.environ.get("FIBERS_CONNECT_HEAP", CONNECT_HEAP)
+    launcher.spawn("kafka-connect", _java(lib, home, heap, main, str(worker), options=options))
     launcher.wait("kafka-connect", lambda: _connect_ready(connect_url), timeout=180)
     launcher.wait("kafka-connect", lambda: _tls_ready(connect_tls_url, ca), timeout=30)
     return {
