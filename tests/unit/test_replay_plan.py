@@ -9,7 +9,7 @@ import pytest
 
 from fibers.replay import plan
 from fibers.replay.plan import FAILED, REPOSITIONED, SEEKING, SKIPPED, WAITING, ReplaySpec, ReplaySpecError
-from fibers.replay.reconciler import Pass, ReplayReconciler
+from fibers.replay.reconciler import Pass, ReplayReconciler, _reads
 from fibers.startfrom import StartFrom
 
 NOW_MS = 1_795_770_000_000  # 2026-11-27T09:00:00Z
@@ -186,3 +186,16 @@ def test_a_suspended_transform_is_repositioned_by_its_pending_seek_instead_of_ho
     )
     body["spec"]["state"] = "running"
     assert plan.step_state("Transform", body, NONCE)[0] == SEEKING  # running: it must take the seek first
+
+
+def test_records_to_replay_are_counted_on_the_operators_own_kafka_only() -> None:
+    """A step's bootstrapServers is its user's: a count there would have the operator's pod connect wherever a
+    namespace points it (and a Transform's was counted on the wrong Kafka). Such a step is not counted."""
+    elsewhere = {"spec": {"relay": {"bootstrapServers": "evil.example:9092"}}, "status": {"sources": ["t"]}}
+    assert _reads("DatabusConsumer", elsewhere, "kafka:9092") == ("", ["t"])
+    same = {"spec": {"relay": {"bootstrapServers": "kafka:9092"}}, "status": {"sources": ["t"]}}
+    assert _reads("DatabusConsumer", same, "kafka:9092") == ("kafka:9092", ["t"])
+    transform = {"spec": {"kafka": {"bootstrapServers": "other:9092"}}, "status": {"inputs": [{"topics": ["u"]}]}}
+    assert _reads("Transform", transform, "kafka:9092") == ("", ["u"])
+    transform["spec"] = {}
+    assert _reads("Transform", transform, "kafka:9092") == ("kafka:9092", ["u"])

@@ -213,18 +213,24 @@ class ReplayReconciler:
 
 
 def _reads(kind: str, body: dict[str, Any], default_bootstrap: str | None) -> tuple[str, list[str]]:
-    """The Kafka and the topics a consumer or a Transform reads, as its status resolved them."""
+    """The Kafka where the operator counts a consumer's or a Transform's records, and the topics it reads as its
+    status resolved them. Counted on the operator's own Kafka only ("" otherwise: not counted): a step's
+    `bootstrapServers` is its user's to write, and must not point the operator's network identity elsewhere."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     if kind == "DatabusConsumer":
-        bootstrap = (spec.get("relay") or {}).get("bootstrapServers") or default_bootstrap or ""
-        return bootstrap, list(status.get("sources") or spec.get("sources") or [])
-    if kind == "Transform":
-        resolved = [t for i in status.get("inputs") or [] for t in i.get("topics") or []]
+        own = (spec.get("relay") or {}).get("bootstrapServers")
+        topics = list(status.get("sources") or spec.get("sources") or [])
+    elif kind == "Transform":
+        own = (spec.get("kafka") or {}).get("bootstrapServers")
+        topics = [t for i in status.get("inputs") or [] for t in i.get("topics") or []]
         inputs = spec.get("inputs") or []
-        if not resolved and not any({"connectRef", "transformRef"} & set(i) for i in inputs):  # topics as given
-            resolved = [t for i in inputs for t in (i.get("kafka") or {}).get("topics") or []]
-        return default_bootstrap or "", resolved
-    return "", []
+        if not topics and not any({"connectRef", "transformRef"} & set(i) for i in inputs):  # topics as given
+            topics = [t for i in inputs for t in (i.get("kafka") or {}).get("topics") or []]
+    else:
+        return "", []
+    if own and own != default_bootstrap:
+        return "", topics
+    return default_bootstrap or "", topics
 
 
 def _absent(name: str) -> dict[str, Any]:
