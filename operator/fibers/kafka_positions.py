@@ -35,6 +35,16 @@ class Position:
         return max(self.high - self.offset, 0)
 
 
+def same_kafka(bootstrap: str, declared: str) -> bool:
+    """Whether a bootstrap list a user wrote names the Kafka the platform declared: a broker in common (host:port,
+    compared without case or spaces). The operator connects only to the declared one."""
+
+    def brokers(servers: str) -> set[str]:
+        return {b.strip().lower() for b in servers.split(",") if b.strip()}
+
+    return bool(brokers(bootstrap) & brokers(declared))
+
+
 def total(positions: Iterable[Position]) -> int:
     return sum(p.records for p in positions)
 

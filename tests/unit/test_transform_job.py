@@ -635,26 +635,27 @@ def output_ids(spark: SparkSession, path: Path) -> list[int]:
     return sorted(row.id for row in spark.read.schema("id INT, amount DOUBLE").json(str(path)).collect())
 
 
+def streaming_spec(tmp_path: Path, sql: str, trigger_seconds: float) -> JobSpec:
+    """Files in, files out, checkpointed under tmp_path."""
+    checkpoint = {"location": str(tmp_path / "ckpt")}
+    trigger = {"processingTimeSeconds": trigger_seconds}
+    return JobSpec.from_dict(spec_dict(tmp_path, mode="streaming", sql=sql, checkpoint=checkpoint, trigger=trigger))
+
+
+def start_streaming(spark: SparkSession, spec: JobSpec) -> tuple[threading.Event, threading.Thread, list[JobResult]]:
+    """The driver's streaming loop in a thread: set the event to stop it; its result lands in the list."""
+    stop, results = threading.Event(), []
+    thread = threading.Thread(target=lambda: results.append(job.run_streaming(spark, spec, stop)), daemon=True)
+    thread.start()
+    return stop, thread, results
+
+
 def test_streaming_files_to_files_exactly_once_across_a_restart(spark: SparkSession, tmp_path: Path) -> None:
-    spec = JobSpec.from_dict(
-        spec_dict(
-            tmp_path,
-            mode="streaming",
-            sql="SELECT id, amount * 2 AS amount FROM orders",
-            checkpoint={"location": str(tmp_path / "ckpt")},
-            trigger={"processingTimeSeconds": 0.3},
-        )
-    )
+    spec = streaming_spec(tmp_path, "SELECT id, amount * 2 AS amount FROM orders", 0.3)
     out = tmp_path / "out"
 
-    def start() -> tuple[threading.Event, threading.Thread, list[JobResult]]:
-        stop, results = threading.Event(), []
-        thread = threading.Thread(target=lambda: results.append(job.run_streaming(spark, spec, stop)), daemon=True)
-        thread.start()
-        return stop, thread, results
-
     write_json_lines(tmp_path / "in", [{"id": 1, "amount": 1.0}, {"id": 2, "amount": 2.0}])
-    stop, thread, results = start()
+    stop, thread, results = start_streaming(spark, spec)
     wait_for(lambda: output_ids(spark, out) == [1, 2])
     write_json_lines(tmp_path / "in", [{"id": 3, "amount": 3.0}])
     wait_for(lambda: output_ids(spark, out) == [1, 2, 3])
@@ -664,7 +665,7 @@ def test_streaming_files_to_files_exactly_once_across_a_restart(spark: SparkSess
     assert results[0].records_out == 3
 
     write_json_lines(tmp_path / "in", [{"id": 4, "amount": 4.0}])  # arrives while the job is down
-    stop, thread, results = start()
+    stop, thread, results = start_streaming(spark, spec)
     wait_for(lambda: output_ids(spark, out) == [1, 2, 3, 4])
     write_json_lines(tmp_path / "in", [{"id": 5, "amount": 5.0}])
     wait_for(lambda: output_ids(spark, out) == [1, 2, 3, 4, 5])
@@ -687,19 +688,9 @@ def test_a_streaming_driver_takes_each_progress_report_once_instead_of_rereading
     monkeypatch.setattr(
         StreamingQuery, "recentProgress", property(lambda q: reads.append(time.monotonic()) or recent.fget(q))
     )
-    spec = JobSpec.from_dict(
-        spec_dict(
-            tmp_path,
-            mode="streaming",
-            sql="SELECT id, amount FROM orders",
-            checkpoint={"location": str(tmp_path / "ckpt")},
-            trigger={"processingTimeSeconds": 0.2},
-        )
-    )
+    spec = streaming_spec(tmp_path, "SELECT id, amount FROM orders", 0.2)
     write_json_lines(tmp_path / "in", [{"id": 1, "amount": 1.0}, {"id": 2, "amount": 2.0}])
-    stop, results = threading.Event(), []
-    thread = threading.Thread(target=lambda: results.append(job.run_streaming(spark, spec, stop)), daemon=True)
-    thread.start()
+    stop, thread, results = start_streaming(spark, spec)
     wait_for(lambda: output_ids(spark, tmp_path / "out") == [1, 2])
     write_json_lines(tmp_path / "in", [{"id": 3, "amount": 3.0}])
     wait_for(lambda: output_ids(spark, tmp_path / "out") == [1, 2, 3])
@@ -712,15 +703,7 @@ def test_a_streaming_driver_takes_each_progress_report_once_instead_of_rereading
 
 
 def test_a_failing_streaming_query_raises_with_sparks_message(spark: SparkSession, tmp_path: Path) -> None:
-    spec = JobSpec.from_dict(
-        spec_dict(
-            tmp_path,
-            mode="streaming",
-            sql="SELECT id, raise_error('poisoned record') AS amount FROM orders",
-            checkpoint={"location": str(tmp_path / "ckpt")},
-            trigger={"processingTimeSeconds": 0.2},
-        )
-    )
+    spec = streaming_spec(tmp_path, "SELECT id, raise_error('poisoned record') AS amount FROM orders", 0.2)
     write_json_lines(tmp_path / "in", ORDERS)
 
     with pytest.raises(StreamingQueryException) as failure:

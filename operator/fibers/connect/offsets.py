@@ -37,7 +37,7 @@ from typing import Any
 
 from fibers.api import ANNOTATION_OFFSETS, ANNOTATION_OFFSETS_FROM
 from fibers.connect.spec import ConnectSpec
-from fibers.kafka_positions import Position
+from fibers.kafka_positions import Position, same_kafka
 from fibers.startfrom import StartFrom
 
 OPERATIONS = ("list", "reset", "alter", "startFrom")
@@ -143,7 +143,7 @@ def snapshot_signal(config: dict[str, str], kafka: str) -> SnapshotSignal:
             "it can be asked to send its tables again (an incremental snapshot) through Debezium's Kafka signal "
             f"channel, which needs in its config: {', '.join(missing)}. Nothing was changed"
         )
-    if not _brokers(bootstrap) & _brokers(kafka):
+    if not same_kafka(bootstrap, kafka):
         raise OffsetsInputError(
             f"spec.seek: signal.kafka.bootstrap.servers ({bootstrap}) is not the Kafka declared for the connector's "
             f"Connect cluster ({kafka or 'none declared'}); the operator sends a snapshot signal only there. Nothing "
@@ -151,11 +151,6 @@ def snapshot_signal(config: dict[str, str], kafka: str) -> SnapshotSignal:
         )
     value = {"type": "execute-snapshot", "data": {"data-collections": list(tables), "type": "INCREMENTAL"}}
     return SnapshotSignal(kafka, topic, config["topic.prefix"], json.dumps(value), tables)
-
-
-def _brokers(bootstrap: str) -> set[str]:
-    """host:port entries of a bootstrap list, compared without case or spaces (one in common: the same Kafka)."""
-    return {b.strip().lower() for b in bootstrap.split(",") if b.strip()}
 
 
 def sink_topics(config: dict[str, str]) -> tuple[list[str], str] | None:

@@ -12,11 +12,12 @@ from fibers.startfrom import StartFrom, StartFromError
 PLURAL = CONNECT_PLURAL
 KIND = "Connect"
 
-# spec.state → the state Kafka Connect reports once it is reached.
-# `suspended` is the word every kind shares (nothing runs, positions kept): a STOPPED connector, offsets kept.
 # Kafka Connect's per-connector override of a sink's consumer group. Refused: the group a seek or replay moves
 # must be the connector's own (connect-<name>), never one a user names, which may be another team's.
 GROUP_OVERRIDE = "consumer.override.group.id"
+
+# spec.state → the state Kafka Connect reports once it is reached.
+# `suspended` is the word every kind shares (nothing runs, positions kept): a STOPPED connector, offsets kept.
 CONNECT_STATES = {"running": "RUNNING", "paused": "PAUSED", "stopped": "STOPPED", "suspended": "STOPPED"}
 
 

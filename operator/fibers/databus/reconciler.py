@@ -336,12 +336,9 @@ class DatabusReconciler:
     async def _stop_and_drop_checkpoints(
         self, body: dict[str, Any], nonce: str, to: StartFrom, ctx: dict[str, Any]
     ) -> int:
-        """Stop every instance, then drop the checkpoints so the consumers start again from `to`.
-
-        Returns how many instances still run (0: the checkpoints are gone). While any does, the checkpoints
-        stay: an instance still running would write its old positions into a ConfigMap made again by its
-        successors (their fencing tokens start afresh in it), and they would resume there, not at `to`.
-        """
+        """Stop every instance, then drop the checkpoints so the consumers start again from `to`; returns how many
+        instances still run (0: dropped). While one runs they stay: it would write its old positions into the
+        ConfigMap its successors make again (fencing tokens start afresh there), and they would resume there."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
         selector = f"{LABEL_CONSUMER}={body['metadata']['name']}"

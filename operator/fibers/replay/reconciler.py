@@ -17,7 +17,7 @@ from typing import Any
 from fibers import conditions, lineage, pipeline
 from fibers.api import LABEL_PIPELINE, object_ref
 from fibers.conditions import format_time, utcnow
-from fibers.kafka_positions import PositionsError, lookup, total
+from fibers.kafka_positions import PositionsError, lookup, same_kafka, total
 from fibers.kube import Kube, custom
 from fibers.reconciles import Again
 from fibers.replay import plan
@@ -228,7 +228,7 @@ def _reads(kind: str, body: dict[str, Any], default_bootstrap: str | None) -> tu
             topics = [t for i in inputs for t in (i.get("kafka") or {}).get("topics") or []]
     else:
         return "", []
-    if own and own != default_bootstrap:
+    if own and not same_kafka(own, default_bootstrap or ""):
         return "", topics
     return default_bootstrap or "", topics
 
