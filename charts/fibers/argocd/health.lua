@@ -10,7 +10,8 @@ local SUSPENDED = { Suspended = true, Paused = true, Stopped = true }
 local FAILED = {
   InvalidSpec = true, SecretNotFound = true, InvalidConfig = true,
   ClusterNotAllowed = true, AmbiguousDefaultCluster = true,
-  ConnectRejected = true, ConnectorNotOwned = true, ConnectorFailed = true, TasksFailed = true,
+  ConnectRejected = true, ConnectorNotOwned = true, ConsumerGroupInUse = true, ConnectorFailed = true,
+  TasksFailed = true,
   AutoRestartExhausted = true,
   RunFailed = true, SubmissionDeadlineExceeded = true, StreamEnded = true,
   CheckpointInvalid = true, ConsumerFailing = true,

@@ -92,6 +92,10 @@ class OffsetSteps:
                 raise
             await self._done(target, outcome, False, f"Kafka Connect refused: {exc.message}")
 
+    async def refuse(self, target: Target, outcome: Outcome, why: str) -> None:
+        """End the operation asked as Failed, without a call to Connect."""
+        await self._done(target, outcome, False, why)
+
     def _seekable(self, target: Target) -> tuple[list[str], str]:
         """A sink connector's topics (and topics regex), where a seek can find its positions; or why not."""
         assert target.offsets_request is not None and target.offsets_request.start is not None

@@ -14,7 +14,7 @@ from typing import Any
 
 from fibers import conditions
 from fibers.conditions import READY, RECONCILING, STALLED, Condition, format_time, parse_time
-from fibers.connect import ownership
+from fibers.connect import groups, ownership
 from fibers.connect.offsets import OffsetsRequest
 from fibers.connect.policy import POLICY
 from fibers.connect.rest import ConnectorView, TaskView
@@ -24,7 +24,9 @@ from fibers.redact import redact, truncate
 UNASSIGNED_GRACE = timedelta(seconds=POLICY.unassigned_grace)  # a rebalance moves tasks through UNASSIGNED briefly
 # Problems the operator keeps retrying by itself (a Secret is read again until it exists): kstatus
 # Reconciling, not Stalled. Any other problem waits for the user to change something: Stalled.
-WAITING_REASONS = frozenset({"SecretNotFound", "SecretUnreadable", "ClusterNotFound", "NoConnectCluster"})
+WAITING_REASONS = frozenset(
+    {"SecretNotFound", "SecretUnreadable", "ClusterNotFound", "NoConnectCluster", groups.KAFKA_UNKNOWN}
+)
 OFFSETS = "Offsets"  # the condition that reports the last offsets operation
 
 
@@ -63,6 +65,8 @@ class Target:
     config: dict[str, str] = field(default_factory=dict)  # full desired config, secrets included
     secrets: tuple[str, ...] = ()  # values to keep out of anything we write
     problem: Condition | None = None  # why the spec cannot be acted on (bad spec, missing Secret)
+    # Why its sink's consumer group is not its own on the cluster's Kafka (`fibers.connect.groups`).
+    group_problem: Condition | None = None
     status: dict[str, Any] = field(default_factory=dict)  # last status written
     paused: bool = False
     restart_requested: bool = False  # the fibers.dev/restart annotation
@@ -179,8 +183,8 @@ def next_auto_restart(target: Target, now: datetime) -> datetime:
 
 def decide(target: Target, observed: ConnectorView | None, now: datetime) -> list[Step]:
     spec = target.spec
-    if spec is None or target.problem or target.paused:
-        return []
+    if spec is None or target.problem or target.paused or target.group_problem:
+        return []  # a group another Connect holds: not even an existing connector is changed (see groups)
     if observed is None:
         return [Step.CREATE]
     if not target.owned:
@@ -271,10 +275,10 @@ def _ready(
             Condition(STALLED, False, reason, message),
         ], phase
 
-    if target.problem:
-        if target.problem.reason in WAITING_REASONS:
-            return progressing(target.problem.reason, target.problem.message)
-        return stalled(target.problem.reason, target.problem.message)
+    if problem := target.problem or target.group_problem:
+        if problem.reason in WAITING_REASONS:
+            return progressing(problem.reason, problem.message)
+        return stalled(problem.reason, problem.message)
     assert spec is not None
     if outcome.failed and outcome.rejected:  # tried again at every sync, so not given up on
         return progressing(

@@ -166,6 +166,11 @@ class ConnectClusters:
         known = self.known.get(name)
         return known.spec.kafka_bootstrap if known else ""
 
+    def kafka_ids(self) -> dict[str, str | None]:
+        """Per cluster, the id of the Kafka its Kafka Connect reports ("" if none; None until first probed),
+        for `fibers.connect.groups`. A restarted operator has it from the status its predecessor wrote."""
+        return {name: k.status.get("kafkaClusterId") for name, k in self.known.items()}
+
     def plugins(self, name: str) -> list[dict[str, str]]:
         """The cluster's connector plugins as last probed ([] when not known yet)."""
         known = self.known.get(name)

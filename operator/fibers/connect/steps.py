@@ -21,7 +21,7 @@ from fibers.api import (
     CONNECT_FINALIZER,
 )
 from fibers.conditions import READY, Condition, utcnow
-from fibers.connect import offsets, reconcile, validation
+from fibers.connect import groups, offsets, reconcile, validation
 from fibers.connect.offset_steps import OffsetSteps
 from fibers.connect.policy import ConnectPolicy
 from fibers.connect.publisher import Publisher
@@ -84,6 +84,8 @@ class Steps:
         now = utcnow()
         steps = self._steps(target, observed, now)
         outcome = Outcome()
+        if target.offsets_request and target.group_problem and target.group_problem.reason == groups.IN_USE:
+            await self.offsets.refuse(target, outcome, target.group_problem.message)  # that group is another's
         for step in steps:
             try:
                 await self._execute(client, target, step, outcome)

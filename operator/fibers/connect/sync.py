@@ -24,6 +24,7 @@ import kopf
 
 from fibers import conditions, memory, metrics
 from fibers.conditions import READY, utcnow
+from fibers.connect import groups as consumer_groups
 from fibers.connect import reconcile
 from fibers.connect.deleter import Deleter
 from fibers.connect.intake import Intake
@@ -133,6 +134,13 @@ class ConnectSync:
             self._nudged.add(target.cluster)
         self._wake.set()
 
+    def check_groups(self) -> None:
+        """Which sink holds each consumer group shared by ConnectClusters on one Kafka (`fibers.connect.groups`):
+        a Connect whose answer changed is reconciled again, to act on it and report it."""
+        for target in consumer_groups.check(self.targets.values(), self.clusters.kafka_ids()):
+            target.quiet_view = target.waiting_view = None
+            self.nudge(target)
+
     def _by_cluster(self) -> dict[str, list[Target]]:
         groups: dict[str, list[Target]] = defaultdict(list)
         for target in self.targets.values():
@@ -181,6 +189,7 @@ class ConnectSync:
         if self._replace_due:
             self._replace_due = False
             await self.intake.replace_all()
+        self.check_groups()
         groups = self._by_cluster()
         now = time.monotonic()
         due = [c for c in groups if self._wait(c, now) <= 0]
