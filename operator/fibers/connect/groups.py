@@ -29,7 +29,6 @@ IN_USE = "ConsumerGroupInUse"
 # While its cluster's Kafka is not known (its first probe has not answered), a sink is not created where
 # another ConnectCluster exists: it might name a group there.
 KAFKA_UNKNOWN = "KafkaNotKnownYet"
-SINK_KEYS = frozenset({"topics", "topics.regex"})
 
 
 def group_of(connector: str) -> str:
@@ -45,9 +44,8 @@ def _rank(target: Target) -> tuple[bool, str, str, str]:
 
 
 def is_sink(target: Target) -> bool:
-    """A placed Connect whose connector is a sink (its topics in `config`, or even in `secretConfig`)."""
-    spec = target.spec
-    return spec is not None and target.placed and bool(SINK_KEYS & (spec.config.keys() | spec.secret_refs.keys()))
+    """A placed Connect whose connector is a sink (`ConnectSpec.is_sink`)."""
+    return target.spec is not None and target.placed and target.spec.is_sink
 
 
 def check(targets: Iterable[Target], kafka_ids: Mapping[str, str | None]) -> list[Target]:
@@ -57,6 +55,8 @@ def check(targets: Iterable[Target], kafka_ids: Mapping[str, str | None]) -> lis
     none, None when not probed yet). A Connect being deleted still holds its group: its connector runs
     until the deletion has removed it."""
     targets = list(targets)
+    if len(kafka_ids) < 2:  # one ConnectCluster (the usual case): no group to share, nothing to compare
+        return [_clear(t) for t in targets if t.group_problem is not None]
     contenders: dict[tuple[str, str], list[Target]] = defaultdict(list)
     for target in targets:
         if is_sink(target) and (kafka := kafka_ids.get(target.cluster)):
@@ -69,6 +69,11 @@ def check(targets: Iterable[Target], kafka_ids: Mapping[str, str | None]) -> lis
             target.group_problem = problem
             changed.append(target)
     return changed
+
+
+def _clear(target: Target) -> Target:
+    target.group_problem = None
+    return target
 
 
 def _problem(
@@ -86,7 +91,9 @@ def _problem(
         return Condition(READY, False, KAFKA_UNKNOWN, message)
     if not kafka:
         return None
-    rivals = [t for t in contenders.get((kafka, target.spec.connector), []) if t.cluster != target.cluster]
+    rivals = [t for t in contenders[(kafka, target.spec.connector)] if t.cluster != target.cluster]
+    if not rivals:
+        return None
     holder = min([target, *rivals], key=_rank)
     if holder is target:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from fibers.api import CONNECT_PLURAL
@@ -80,6 +81,11 @@ class ConnectSpec:
         if self.start_from is not None:
             return "startFrom"
         return "reset" if self.offsets_on_create == "reset" else None
+
+    @cached_property
+    def is_sink(self) -> bool:
+        """A sink connector: its topics in `config`, or even in `secretConfig` (so a consumer group is its)."""
+        return any(key in self.config or key in self.secret_refs for key in ("topics", "topics.regex"))
 
     @property
     def connect_state(self) -> str:
