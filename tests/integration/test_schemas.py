@@ -192,7 +192,9 @@ def test_subjects_registered_outside_fibers_are_left_alone(
         platform_resources.delete(kube, consenting, plural=platform_resources.SCHEMA_REGISTRIES)
 
 
-def test_a_subject_belongs_to_one_resource(schemas: Resources, registry: httpx.Client, unique: str) -> None:
+def test_a_subject_belongs_to_one_resource(
+    schemas: Resources, registry: httpx.Client, kube: ApiClient, stack_info: StackInfo, unique: str
+) -> None:
     subject = f"{unique}-value"
     schemas.create(f"{unique}-first", {"subject": subject, "schema": avro(ID)})
     schemas.wait_condition(f"{unique}-first", "True", "Registered")
@@ -200,6 +202,20 @@ def test_a_subject_belongs_to_one_resource(schemas: Resources, registry: httpx.C
     cond = schemas.wait_condition(f"{unique}-second", "False", "SubjectOwned")
     assert f"{schemas.namespace}/{unique}-first" in cond["message"]
     assert versions(registry, subject) == [1]
+
+    # The same registry declared a second time (one SchemaRegistry per team, this one allowing adopt): a
+    # Schema through it is still refused a subject a Schema through the first holds.
+    again = f"{unique}-again"
+    url = stack_info.registry_url + apicurio.CCOMPAT
+    platform_resources.apply(kube, again, url, plural=platform_resources.SCHEMA_REGISTRIES, allowAdopt=True)
+    try:
+        spec = {"subject": subject, "schema": avro(ID, QTY_DEFAULT), "adopt": True, "registry": again}
+        schemas.create(f"{unique}-third", spec)
+        cond = schemas.wait_condition(f"{unique}-third", "False", "SubjectOwned")
+        assert f"{schemas.namespace}/{unique}-first" in cond["message"]
+        assert versions(registry, subject) == [1]
+    finally:
+        platform_resources.delete(kube, again, plural=platform_resources.SCHEMA_REGISTRIES)
 
 
 def test_drift_is_reported(schemas: Resources, registry: httpx.Client, unique: str) -> None:

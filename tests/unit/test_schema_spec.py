@@ -75,9 +75,20 @@ def test_oldest_claim_on_the_same_registry_owns_the_subject() -> None:
     first = Claim("2026-01-01T00:00:00Z", "team-a", "orders", "b")
     later = Claim("2026-02-01T00:00:00Z", "team-b", "orders", None)  # the default: b
     elsewhere = Claim("2025-01-01T00:00:00Z", "team-c", "orders", "a")  # same subject, another registry
-    assert owner([later, first, elsewhere], "b", {None: "b"}) == first
-    assert owner([later, elsewhere], "b", {None: "b"}) == later
-    assert owner([later], "a", {None: "b"}) is None
+    where = {"a": "http://a", "b": "http://b", None: "http://b"}
+    assert owner([later, first, elsewhere], "http://b", where) == first
+    assert owner([later, elsewhere], "http://b", where) == later
+    assert owner([later], "http://a", where) is None
+
+
+def test_two_schema_registries_declared_for_one_registry_share_its_subjects() -> None:
+    """A platform declaring one registry twice (one SchemaRegistry per team, the second allowing adopt): a
+    Schema through the second naming a subject a Schema through the first holds must not own it — with
+    adopt it took the subject over, registered over it and, with deletionPolicy Delete, deleted it."""
+    first = Claim("2026-01-01T00:00:00Z", "team-a", "orders", "team-a-registry")
+    later = Claim("2026-02-01T00:00:00Z", "team-b", "orders", "team-b-registry")
+    where = {"team-a-registry": "http://apicurio/apis/ccompat/v7", "team-b-registry": "http://apicurio/apis/ccompat/v7"}
+    assert owner([later, first], "http://apicurio/apis/ccompat/v7", where) == first
 
 
 def test_a_registry_with_a_namespace_selector_refuses_other_namespaces() -> None:

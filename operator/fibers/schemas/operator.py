@@ -124,14 +124,19 @@ class SchemaOperator:
         except RegistryNotChosen as exc:
             await self._write(body, Outcome(conditions=conditions.waiting("RegistryNotFound", str(exc))))
             return
-        resolve: dict[str | None, str] = {}
+        where: dict[str | None, str] = {r.name: r.url for r in known}
         with contextlib.suppress(RegistryNotChosen):
-            resolve[None] = choose_registry(None, known, self.default_registry).name
-        holder = owner(claims, registry.name, resolve)
+            where[None] = choose_registry(None, known, self.default_registry).url
+        holder = owner(claims, registry.url, where)
         if holder is not None and (holder.namespace, holder.name) != (namespace, name):
+            through = (
+                f" (through SchemaRegistry {holder.registry}, the same registry)"
+                if (holder.registry not in (None, registry.name))
+                else ""
+            )
             message = (
                 f"subject {spec.subject!r} on SchemaRegistry {registry.name} belongs to Schema "
-                f"{holder.namespace}/{holder.name}; this resource changes nothing"
+                f"{holder.namespace}/{holder.name}{through}; this resource changes nothing"
             )
             out = Outcome(status={"registry": registry.name, "subject": spec.subject})
             out.conditions = conditions.stalled("SubjectOwned", message)

@@ -89,7 +89,10 @@ class Claim:
     registry: str | None  # as the resource says it (None: the default)
 
 
-def owner(claims: Iterable[Claim], registry: str, resolve: Mapping[str | None, str]) -> Claim | None:
-    """The oldest claim on the subject among those that resolve to `registry` (resolve maps None to the default)."""
-    same = [c for c in claims if resolve.get(c.registry, c.registry) == registry]
+def owner(claims: Iterable[Claim], location: str, where: Mapping[str | None, str]) -> Claim | None:
+    """The oldest claim on the subject among those whose registry is at `location` (`where`: each registry
+    name, and None for the default, to its URL). Compared by URL, not name: two SchemaRegistries a platform
+    declares for one registry (one per team, say) are one set of subjects, and a Schema through the second
+    must not take over, change or delete a subject a Schema through the first holds."""
+    same = [c for c in claims if where.get(c.registry) == location]
     return min(same, default=None)
