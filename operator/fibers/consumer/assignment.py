@@ -41,10 +41,12 @@ class Assignment:
         bootstrap: Bootstrap,
         stopping: Stopping,
         mask: Callable[[BaseException], str],
+        taken: Callable[[list[str]], None] = lambda keys: None,
     ) -> None:
         self.config, self.consumer, self.members, self.leases = config, consumer, members, leases
         self.store, self.positions, self.bootstrap, self.stopping = store, positions, bootstrap, stopping
         self._mask = mask
+        self._taken = taken  # the sinks forget what they knew of these timelines' keys (SinkSet.timelines_taken)
         self.partitions: dict[str, list[int]] = {}  # every partition of each relay topic
         self.held: dict[str, Timeline] = {}  # timeline key → (topic, partition) consumed here now
         self._next_look = 0.0  # when (monotonic) the relay loop next looks at ownership
@@ -125,6 +127,7 @@ class Assignment:
         """Start consuming timelines just claimed: from their checkpoints, or as startPosition says,
         bootstrapping first where a checkpoint says a bootstrap is under way or the relay no longer
         holds its offset."""
+        self._taken([timeline_key(*t) for t in timelines])  # another instance may have written their keys since
         assignments = []
         for topic in self.config.topics:
             partitions = [p for t, p in timelines if t == topic]

@@ -57,6 +57,13 @@ class Callback:
     def on_error(self, error: BaseException) -> Result:
         return Result.SUCCESS
 
+    def on_timelines_taken(self, timelines: list[str]) -> Result:
+        """This instance now consumes these timelines (keys "topic.partition"), taken at start or from another
+        instance (a rescale, a Lease lost and won back). Not in Databus, which has one consumer per
+        source: whatever a callback remembers of the keys it writes may be stale now, since another
+        instance may have written them since, and must be forgotten."""
+        return Result.SUCCESS
+
     # Bootstrap twins: the snapshot and catchup phases deliver through these.
     def on_start_bootstrap(self) -> Result:
         return Result.SUCCESS

@@ -130,6 +130,7 @@ class Runtime:
             bootstrap,
             self.stopping,
             self._masked,
+            taken=self.sinks.timelines_taken,
         )
         self.relay = Relay(
             config,

@@ -56,6 +56,10 @@ class MongoSink(WindowSink):
     def flush(self, events: list[ChangeEvent]) -> None:
         self.collection.apply(events)
 
+    def on_timelines_taken(self, timelines: list[str]) -> callbacks.Result:
+        self.collection.forget()
+        return callbacks.Result.SUCCESS
+
     def close(self) -> None:
         self.client.close()
 
@@ -115,6 +119,10 @@ class BootstrapStoreSink(WindowSink):
 
     def flush(self, events: list[ChangeEvent]) -> None:
         self.store.apply_window(events)
+
+    def on_timelines_taken(self, timelines: list[str]) -> callbacks.Result:
+        self.store.forget()
+        return callbacks.Result.SUCCESS
 
     def close(self) -> None:
         self.client.close()

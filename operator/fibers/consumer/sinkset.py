@@ -3,6 +3,7 @@ goes to all of them, and counts as done only where every one of them succeeded."
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,11 +50,28 @@ class SinkSet:
         self.stats = [SinkStats() for _ in callbacks]
         self.driver = CallbackDriver(len(callbacks), timeout)
         self._dispatchers = [window_dispatcher(callback) for callback in callbacks]
+        # One thread at a time in each callback. A thread the driver gave up on cannot be stopped: still in a
+        # write when the replay began, it went on writing older rows after the replay's and the next batch's
+        # (a row deleted at SCN 20 came back as it was at 10) and changed the sink's memory of its keys. The
+        # replay's thread waits for it, then does the work; a thread given up on while waiting does none.
+        self._busy = [threading.Lock() for _ in callbacks]
         self.timers: list[Callable[[float], None]] | None = None  # each sink's batch histogram, when served
 
     def hook(self, name: str, *args: Any) -> None:
         """Call a start or stop hook of every callback, each on its thread; any failure stops the consumer."""
-        self.driver.all(lambda i: call(getattr(self.callbacks[i], name), *args))
+
+        def run(index: int) -> Result:
+            with self._busy[index]:
+                if self.driver.abandoned():
+                    raise CallbackTimeout("abandoned after the timeout")
+                return call(getattr(self.callbacks[index], name), *args)
+
+        self.driver.all(run)
+
+    def timelines_taken(self, timelines: list[str]) -> None:
+        """Every callback forgets what it remembers of its keys (`Callback.on_timelines_taken`), before the
+        timelines' first window."""
+        self.hook("on_timelines_taken", timelines)
 
     def tell(self, name: str, *args: Any) -> None:
         """Tell every callback of a failure (on_error, on_rollback and their bootstrap twins)."""
@@ -104,7 +122,12 @@ class SinkSet:
             self.driver.close()
 
     def _run_windows(self, index: int, windows: list[list[ChangeEvent]]) -> tuple[list[Result], BaseException | None]:
-        """In callback `index`'s thread: dispatch windows until one fails; then a buffered sink writes.
+        """In callback `index`'s thread, once no other thread is in it: see `_windows`."""
+        with self._busy[index]:
+            return self._windows(index, windows)
+
+    def _windows(self, index: int, windows: list[list[ChangeEvent]]) -> tuple[list[Result], BaseException | None]:
+        """Dispatch windows until one fails; then a buffered sink writes.
 
         Returns a Result per window (per record of a Singles run) done, and what stopped it, if anything.
         """
@@ -136,11 +159,13 @@ class SinkSet:
         return results, error
 
     def _page(self, index: int, events: list[ChangeEvent], scn: int) -> None:
-        """In callback `index`'s thread: one bootstrap page, timed like a batch of windows."""
+        """In callback `index`'s thread, once no other thread is in it: one bootstrap page, timed like a batch
+        of windows."""
         started = time.perf_counter()
         failpoints.hit("callback")
-        if self.driver.abandoned():  # timed out before it began: the replay delivers the page
-            raise CallbackTimeout("abandoned after the timeout")
-        bootstrap_page(self.callbacks[index], events, scn, self.driver.abandoned)
+        with self._busy[index]:
+            if self.driver.abandoned():  # timed out before it began: the replay delivers the page
+                raise CallbackTimeout("abandoned after the timeout")
+            bootstrap_page(self.callbacks[index], events, scn, self.driver.abandoned)
         if self.timers:
             self.timers[index](time.perf_counter() - started)

@@ -44,8 +44,8 @@ class GuardedCollection:
     what was applied writes nothing. Keys not remembered are learnt, and the writes sent, by the
     server's adapter (fibers.consumer.mongo_servers): FerretDB's inserts and reads, or MongoDB's
     guarded upserts. Remembering is safe because one consumer instance owns each key's partition
-    exclusively; a new owner starts with an empty memory, and replays from its checkpoint, which
-    holds every delete it has not seen yet.
+    exclusively; a new owner starts with an empty memory (`forget`, when the instance takes partitions),
+    and replays from its checkpoint, which holds every delete it has not seen yet.
     """
 
     def __init__(
@@ -82,6 +82,10 @@ class GuardedCollection:
         if stored is None:
             return False
         return stored.scn > write.scn if self.reapply else stored.scn >= write.scn
+
+    def forget(self) -> None:
+        """Learn every key again: another writer may have changed them (see `Callback.on_timelines_taken`)."""
+        self.known.clear()
 
     def apply(self, events: list[ChangeEvent]) -> None:
         latest: dict[str, ChangeEvent] = {}
@@ -138,6 +142,12 @@ class BootstrapStore:
     @property
     def server(self) -> MongoServer:
         return self._server or detect(self.db.client)
+
+    def forget(self) -> None:
+        """Read log heads and learn snapshot keys again: another instance may have written the partitions
+        since this one last held them (see `Callback.on_timelines_taken`)."""
+        self._snapshots.clear()
+        self._log_heads.clear()
 
     def _snapshot(self, topic: str) -> Any:
         return self.db[f"snapshot_{collection_suffix(topic)}"]
