@@ -221,6 +221,21 @@ class BootstrapStore:
         found = self._applier(topic).find({"_id": {"$in": partitions}})
         return {int(d["_id"]): (int(d["scn"]), int(d["offset"])) for d in found}
 
+    def first_logged(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Per partition, the SCN of the first change its log holds (partitions with none are left out):
+        every change after it is logged, since the log is append-only and never trimmed."""
+        first: dict[int, int] = {}
+        for partition in partitions:
+            found = list(
+                self._log(topic)
+                .find({"_id": {"$gte": log_id(partition, 0), "$lt": log_id(partition + 1, 0)}}, {"scn": 1})
+                .sort("_id", 1)
+                .limit(1)
+            )
+            if found:
+                first[partition] = int(found[0]["scn"])
+        return first
+
     def snapshot_pages(
         self, topic: str, partitions: list[int], after_key: str | None, size: int
     ) -> Iterator[list[dict[str, Any]]]:
