@@ -23,7 +23,7 @@ from fibers.consumer.events import ChangeEvent
 from fibers.consumer.positions import NEXT_OFFSET, Positions
 from fibers.consumer.sinkset import SinkSet
 from fibers.consumer.stops import RELAY_GONE_EXIT, ConsumerStopped, Stopping
-from fibers.consumer.store import BootstrapStore
+from fibers.consumer.store import BootstrapStore, StoreConflict
 from fibers.consumer.tuning import BOOTSTRAP_PAGE_ROWS
 from fibers.databus.checkpoint import Checkpoint, ConsumptionMode
 from fibers.databus.checkpoint_format import BOOTSTRAP_MODES
@@ -110,6 +110,10 @@ class Bootstrap:
         keys = [timeline_key(topic, p) for p in partitions]
         log.info("bootstrap starting", extra={"topic": topic, "reason": reason})
         try:
+            try:
+                store.check_topic(topic)
+            except StoreConflict as exc:  # another topic's rows are not this one's
+                raise ConsumerStopped(f"cannot bootstrap {topic}: {exc}", code=RELAY_GONE_EXIT) from None
             cp = self._start(topic, keys, store, partitions)
             self.sinks.hook("on_start_bootstrap")
             if cp.consumption_mode is ConsumptionMode.BOOTSTRAP_SNAPSHOT:

@@ -6,7 +6,10 @@ streams are needed):
   log_<topic>       every change, keyed by partition and offset, with its SCN;
   applier_<topic>   per partition, the SCN and offset of the last window fully applied.
 The applier document is written last, after the window's rows, so it never claims more than the
-collections hold.
+collections hold. Collection names keep only letters and digits of the topic's name, so two topics
+can map to one set (`team-a.x` and `team_a.x`): the applier collection names the topic its set holds
+(`TOPIC_MARKER`), and a writer or reader of another topic is refused (`StoreConflict`) instead of
+mixing two topics' rows, logs and positions.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ from fibers import failpoints
 from fibers.consumer.events import ChangeEvent
 from fibers.consumer.mongo_servers import MongoServer, Stored, Write, detect
 from fibers.consumer.mongo_servers import bulk_write as bulk_write  # bench/databus_throughput.py's plain loop uses it
+
+TOPIC_MARKER = "topic"  # the _id of the applier document naming the topic a set of collections holds
+
+
+class StoreConflict(Exception):
+    """The collections a topic maps to hold another topic: nothing of it is written or read there."""
 
 
 def collection_suffix(topic: str) -> str:
@@ -138,6 +147,28 @@ class BootstrapStore:
         self.db, self._server = db, server
         self._snapshots: dict[tuple[str, int], GuardedCollection] = {}
         self._log_heads: dict[tuple[str, int], int] = {}
+        self._held: set[str] = set()  # topics whose collections were found (or made) theirs
+
+    def check_topic(self, topic: str, *, hold: bool = False) -> None:
+        """Raise StoreConflict when the topic's collections hold another topic. `hold`: a writer names its
+        topic in collections that name none yet (made now, or by a version without the marker)."""
+        if topic in self._held:
+            return
+        applier = self._applier(topic)
+        marker = applier.find_one({"_id": TOPIC_MARKER})
+        if marker is None and hold:
+            applier.update_one({"_id": TOPIC_MARKER}, {"$setOnInsert": {"name": topic}}, upsert=True)
+            marker = applier.find_one({"_id": TOPIC_MARKER})
+        held = marker.get("name") if marker else None
+        if held is not None and held != topic:
+            suffix = collection_suffix(topic)
+            raise StoreConflict(
+                f"the bootstrap store's collections log_{suffix}, snapshot_{suffix} and applier_{suffix} in database "
+                f"{self.db.name} hold topic {held}, not {topic}: topics whose names differ only in characters other "
+                "than letters and digits need bootstrap stores in different databases"
+            )
+        if marker is not None:
+            self._held.add(topic)
 
     @property
     def server(self) -> MongoServer:
@@ -165,6 +196,7 @@ class BootstrapStore:
         for event in events:
             by_timeline.setdefault((event.topic, event.partition), []).append(event)
         for (topic, partition), batch in by_timeline.items():
+            self.check_topic(topic, hold=True)
             head = self._logged_offset(topic, partition)
             log_ops = [
                 InsertOne(
