@@ -233,6 +233,10 @@ def test_a_hung_bootstrap_callback_times_out_and_is_replayed(
     kinds = [e[0] for e in entries if e[0] in ("hang", "error", "rollback")]
     assert kinds == ["hang", "error", "rollback"], entries
     assert "took over 2s" in next(e[1] for e in entries if e[0] == "error")
+    # The replay began once the hung call had returned (a thread given up on cannot be stopped, and one
+    # still writing beside its replay landed older rows after newer ones): its own row comes next.
+    hung = [e[0] for e in entries].index("hang")
+    assert next(e for e in entries[hung + 1 :] if e[0] == "event")[2] == "5", entries
     delivered = {e[2] for e in entries if e[0] == "event" and e[1] == "snapshot"}
     assert delivered == {str(i) for i in range(20)}
 

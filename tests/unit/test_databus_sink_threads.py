@@ -22,6 +22,7 @@ from fibers.consumer.mongo_servers import Stored, Write
 from fibers.consumer.positions import Positions
 from fibers.consumer.sinks import MongoSink
 from fibers.consumer.sinkset import SinkSet
+from fibers.consumer.stops import ConsumerStopped
 from fibers.consumer.store import GuardedCollection
 from fibers.databus.timelines import Checkpoints
 from tests.unit.test_databus_mongo_servers import FakeServer, change
@@ -56,14 +57,26 @@ def test_a_write_given_up_on_never_lands_after_the_replay_and_the_next_batch() -
     sink = SlowFirstWrite(release)
     sinks = SinkSet([sink], ["view"], timeout=0.1)
     try:
-        server_back = threading.Timer(0.6, release.set)  # the hung write ends after its replay was tried
+        server_back = threading.Timer(0.3, release.set)  # the hung write ends after its timeout
         server_back.start()
         deliver(sinks, [[change("k", 10, v=1)]])
         deliver(sinks, [[change("k", 20, "d")]])
         server_back.join()
         time.sleep(0.3)  # the hung write has landed by now, wherever it was going to
         assert sink.rows == {"k": (20, "d")}
-        assert sinks.driver.abandoned_threads >= 1
+        assert sinks.driver.abandoned_threads == 1  # the replay waited for it instead of timing out too
+    finally:
+        release.set()
+        sinks.close()
+
+
+def test_a_call_that_never_returns_stops_the_consumer_instead_of_blocking_it() -> None:
+    release = threading.Event()
+    sinks = SinkSet([SlowFirstWrite(release)], ["view"], timeout=0.05)
+    try:
+        assert sinks.windows([[change("k", 10, v=1)]], 1).error is not None  # timed out, given up on
+        with pytest.raises(ConsumerStopped, match=r"sink view: a call given up on .* has not returned"):
+            sinks.windows([[change("k", 10, v=1)]], 1)
     finally:
         release.set()
         sinks.close()

@@ -76,7 +76,7 @@ def test_a_second_topic_mapping_to_the_same_collections_is_refused_before_anythi
     first = BootstrapStore(db, server=server)  # type: ignore[arg-type]
     first.apply_window([event_of("team-a.orders", "1", 10)])
     first.apply_window([event_of("team-a.orders", "2", 11)])  # the same topic goes on
-    assert db["applier_team_a_orders"].docs["topic"]["name"] == "team-a.orders"
+    assert db["topics"].docs["team_a_orders"]["name"] == "team-a.orders"
     written = len(server.logged)
     assert written == 2
     second = BootstrapStore(db, server=server)  # type: ignore[arg-type]  # another consumer's, same database
@@ -92,6 +92,6 @@ def test_collections_that_name_no_topic_are_read_and_taken_by_a_writer() -> None
     """A store written before the marker: a reader goes on; the first writer names its topic there."""
     db = Database()
     BootstrapStore(db).check_topic("team-a.orders")  # type: ignore[arg-type]
-    assert "topic" not in db["applier_team_a_orders"].docs
+    assert "team_a_orders" not in db["topics"].docs
     BootstrapStore(db).check_topic("team-a.orders", hold=True)  # type: ignore[arg-type]
-    assert db["applier_team_a_orders"].docs["topic"]["name"] == "team-a.orders"
+    assert db["topics"].docs["team_a_orders"]["name"] == "team-a.orders"

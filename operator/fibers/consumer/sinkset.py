@@ -14,6 +14,8 @@ from fibers.consumer.batches import BatchOutcome, stricter
 from fibers.consumer.callbacks import Callback, Result, bootstrap_page, call, end_batch, window_dispatcher
 from fibers.consumer.driver import CallbackDriver, CallbackTimeout
 from fibers.consumer.events import ChangeEvent
+from fibers.consumer.stops import ConsumerStopped
+from fibers.consumer.tuning import ABANDONED_WAIT_TIMEOUTS
 
 
 class SinkFailed(Exception):
@@ -53,12 +55,25 @@ class SinkSet:
         # One thread at a time in each callback. A thread the driver gave up on cannot be stopped: still in a
         # write when the replay began, it went on writing older rows after the replay's and the next batch's
         # (a row deleted at SCN 20 came back as it was at 10) and changed the sink's memory of its keys. The
-        # replay's thread waits for it, then does the work; a thread given up on while waiting does none.
+        # replay waits for it (`settle`), then does the work; a thread given up on while waiting does none.
         self._busy = [threading.Lock() for _ in callbacks]
         self.timers: list[Callable[[float], None]] | None = None  # each sink's batch histogram, when served
 
+    def settle(self) -> None:
+        """Before an attempt: wait until every thread given up on has left its callback, so the attempt's
+        timeout counts its own work (`ABANDONED_WAIT_TIMEOUTS`); stop the consumer if one never does."""
+        limit = self.driver.timeout * ABANDONED_WAIT_TIMEOUTS
+        for name, busy in zip(self.names, self._busy, strict=True):
+            if not busy.acquire(timeout=limit):
+                raise ConsumerStopped(
+                    f"sink {name}: a call given up on after the callback timeout has not returned {limit:g}s later; "
+                    "the consumer restarts, which ends it"
+                )
+            busy.release()
+
     def hook(self, name: str, *args: Any) -> None:
         """Call a start or stop hook of every callback, each on its thread; any failure stops the consumer."""
+        self.settle()
 
         def run(index: int) -> Result:
             with self._busy[index]:
@@ -80,6 +95,7 @@ class SinkSet:
 
     def windows(self, windows: list[list[ChangeEvent]], timelines: int) -> BatchOutcome:
         """The batch through every sink: a window counts only when all of them succeeded."""
+        self.settle()
         outcomes = self.driver.each(lambda i: self._run_windows(i, windows))
         done = [([], o) if isinstance(o, BaseException) else o for o in outcomes]  # (results, error) each
         failure = self.first_failure([error for _, error in done])
@@ -90,6 +106,7 @@ class SinkSet:
 
     def page(self, events: list[ChangeEvent], scn: int) -> BaseException | None:
         """One bootstrap page through every sink; the first failure (None: all applied it)."""
+        self.settle()
         return self.first_failure(self.driver.each(lambda i: self._page(i, events, scn)))
 
     def first_failure(self, outcomes: list[Any]) -> BaseException | None:

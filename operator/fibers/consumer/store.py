@@ -7,9 +7,9 @@ streams are needed):
   applier_<topic>   per partition, the SCN and offset of the last window fully applied.
 The applier document is written last, after the window's rows, so it never claims more than the
 collections hold. Collection names keep only letters and digits of the topic's name, so two topics
-can map to one set (`team-a.x` and `team_a.x`): the applier collection names the topic its set holds
-(`TOPIC_MARKER`), and a writer or reader of another topic is refused (`StoreConflict`) instead of
-mixing two topics' rows, logs and positions.
+can map to one set (`team-a.x` and `team_a.x`): the `topics` collection names the topic each set holds
+(one document per set, `_id` its suffix), and a writer or reader of another topic is refused
+(`StoreConflict`) instead of mixing two topics' rows, logs and positions.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fibers.consumer.events import ChangeEvent
 from fibers.consumer.mongo_servers import MongoServer, Stored, Write, detect
 from fibers.consumer.mongo_servers import bulk_write as bulk_write  # bench/databus_throughput.py's plain loop uses it
 
-TOPIC_MARKER = "topic"  # the _id of the applier document naming the topic a set of collections holds
+TOPICS = "topics"  # the collection naming the topic each set of collections holds (`_id`: the sets' suffix)
 
 
 class StoreConflict(Exception):
@@ -154,14 +154,13 @@ class BootstrapStore:
         topic in collections that name none yet (made now, or by a version without the marker)."""
         if topic in self._held:
             return
-        applier = self._applier(topic)
-        marker = applier.find_one({"_id": TOPIC_MARKER})
+        topics, suffix = self.db[TOPICS], collection_suffix(topic)
+        marker = topics.find_one({"_id": suffix})
         if marker is None and hold:
-            applier.update_one({"_id": TOPIC_MARKER}, {"$setOnInsert": {"name": topic}}, upsert=True)
-            marker = applier.find_one({"_id": TOPIC_MARKER})
+            topics.update_one({"_id": suffix}, {"$setOnInsert": {"name": topic}}, upsert=True)
+            marker = topics.find_one({"_id": suffix})
         held = marker.get("name") if marker else None
         if held is not None and held != topic:
-            suffix = collection_suffix(topic)
             raise StoreConflict(
                 f"the bootstrap store's collections log_{suffix}, snapshot_{suffix} and applier_{suffix} in database "
                 f"{self.db.name} hold topic {held}, not {topic}: topics whose names differ only in characters other "

@@ -43,6 +43,12 @@ BOOTSTRAP_PAGE_ROWS: Final = 500
 # backoff doubles per attempt up to this).
 MAX_RETRY_PAUSE_SECONDS: Final = 60.0
 
+# A callback thread the driver gave up on (past the callback timeout) cannot be stopped, and no other thread
+# may enter that callback until it has left (fibers.consumer.sinkset). The next attempt waits for it up to
+# this many callback timeouts, so a call that ends late costs a wait, not the retries; one that never ends
+# stops the consumer, whose restart ends it.
+ABANDONED_WAIT_TIMEOUTS: Final = 5
+
 # How long the Kafka sink waits for a batch's deliveries to be confirmed before it fails the batch (which
 # is then replayed from its checkpoint), and how long it serves deliveries when librdkafka's queue is
 # full before it queues the next record again.
