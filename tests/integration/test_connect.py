@@ -295,15 +295,8 @@ def test_a_sink_on_another_connect_cluster_of_the_same_kafka_never_joins_a_group
     both read the same Kafka cluster id): a sink Connect on the second naming the first one's sink connector
     would share its consumer group connect-<name>, read part of its records and, by a seek, move its
     offsets. It is not created, says which Connect holds the group, and its seek ends Failed."""
-    custom = client.CustomObjectsApi(kube)
     other = f"{unique}-other"
-    body = {
-        "apiVersion": "fibers.dev/v1beta1",
-        "kind": "ConnectCluster",
-        "metadata": {"name": other},
-        "spec": {"url": stack_info.connect_url},
-    }
-    custom.create_cluster_custom_object("fibers.dev", "v1beta1", "connectclusters", body)
+    platform_resources.apply(kube, other, stack_info.connect_url)
     holder, intruder = unique, f"{unique}-b"
     try:
         connects.create(holder, {"class": "FileStreamSink", "config": {"file": str(tmp_path / "a"), "topics": unique}})
@@ -324,7 +317,7 @@ def test_a_sink_on_another_connect_cluster_of_the_same_kafka_never_joins_a_group
         for name in (intruder, holder):
             connects.delete(name)
         wait_for(lambda: not connects.exists(holder), timeout=60, what="holder deleted")
-        custom.delete_cluster_custom_object("fibers.dev", "v1beta1", "connectclusters", other)
+        platform_resources.delete(kube, other)
 
 
 def test_a_forged_claim_annotation_takes_over_no_connector(

@@ -81,8 +81,8 @@ def _problem(
 ) -> Condition | None:
     assert target.spec is not None
     kafka = kafka_ids.get(target.cluster)
-    if kafka is None:
-        if len(kafka_ids) < 2 or target.status.get("connectorName") == target.spec.connector:
+    if kafka is None:  # (`check` asks only where there are several ConnectClusters)
+        if target.status.get("connectorName") == target.spec.connector:
             return None
         message = (
             f"waiting for ConnectCluster {target.cluster}'s first probe: its Kafka must be known before the sink's "

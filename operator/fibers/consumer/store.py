@@ -236,14 +236,19 @@ class BootstrapStore:
         written twice — plain inserts, which FerretDB does without scanning the collection.
         """
         if (topic, partition) not in self._log_heads:
-            last = list(
-                self._log(topic)
-                .find({"_id": {"$gte": log_id(partition, 0), "$lt": log_id(partition + 1, 0)}}, {"offset": 1})
-                .sort("_id", -1)
-                .limit(1)
-            )
-            self._log_heads[topic, partition] = int(last[0]["offset"]) if last else -1
+            last = self._log_end(topic, partition, newest=True)
+            self._log_heads[topic, partition] = int(last["offset"]) if last else -1
         return self._log_heads[topic, partition]
+
+    def _log_end(self, topic: str, partition: int, *, newest: bool) -> dict[str, Any] | None:
+        """The partition's first (or newest) logged change, by _id; None when it has none."""
+        found = list(
+            self._log(topic)
+            .find({"_id": {"$gte": log_id(partition, 0), "$lt": log_id(partition + 1, 0)}}, {"offset": 1, "scn": 1})
+            .sort("_id", -1 if newest else 1)
+            .limit(1)
+        )
+        return found[0] if found else None
 
     # ----- read by bootstrapping consumers --------------------------------------------------------
 
@@ -255,17 +260,8 @@ class BootstrapStore:
     def first_logged(self, topic: str, partitions: list[int]) -> dict[int, int]:
         """Per partition, the SCN of the first change its log holds (partitions with none are left out):
         every change after it is logged, since the log is append-only and never trimmed."""
-        first: dict[int, int] = {}
-        for partition in partitions:
-            found = list(
-                self._log(topic)
-                .find({"_id": {"$gte": log_id(partition, 0), "$lt": log_id(partition + 1, 0)}}, {"scn": 1})
-                .sort("_id", 1)
-                .limit(1)
-            )
-            if found:
-                first[partition] = int(found[0]["scn"])
-        return first
+        ends = {partition: self._log_end(topic, partition, newest=False) for partition in partitions}
+        return {partition: int(end["scn"]) for partition, end in ends.items() if end is not None}
 
     def snapshot_pages(
         self, topic: str, partitions: list[int], after_key: str | None, size: int
