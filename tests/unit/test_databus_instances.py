@@ -143,3 +143,13 @@ def test_a_running_instance_that_says_nothing_yet_is_asked_again_a_few_times_the
     ready["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-11-28T04:00:00Z"
     assert at([ready], STS_UID, started) is None
     assert at([dict(starting, metadata={"name": "x", "ownerReferences": [{"uid": "other"}]})], STS_UID, started) is None
+
+
+def test_a_stopped_consumer_says_stopped_only_once_its_pods_are_gone() -> None:
+    """Ready said Stopped as soon as no pod was ready: an exited pod was still listed (CI saw it), and a user
+    reading Stopped then found a pod of the consumer. It says Stopping while any pod of it remains."""
+    spec = {"instances": 1, "state": "stopped"}
+    conds, phase = decide(spec, {"readyInstances": 0}, "", "", "", "", remaining=1)
+    assert (phase, conds[0].reason, conds[0].message) == ("Pending", "Stopping", "1 instance(s) still stopping")
+    conds, phase = decide(spec, {"readyInstances": 0}, "", "", "", "", remaining=0)
+    assert (phase, conds[0].reason) == ("Stopped", "Stopped")

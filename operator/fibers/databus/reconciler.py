@@ -427,6 +427,7 @@ class DatabusReconciler:
             unready=unready,
             stuck=stuck,
             seek_waiting=p.seek_waiting,
+            remaining=len(pods),
         )
         conds = [*conditions.with_upstream_note(conds, p.health), p.health]
         if p.paused:

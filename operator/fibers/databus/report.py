@@ -64,6 +64,7 @@ def decide(
     unready: str = "",
     stuck: tuple[str, str] | None = None,
     seek_waiting: str = "",
+    remaining: int = 0,
 ) -> tuple[list[Condition], str]:
     """The conditions and phase, the first that applies winning: what stops the consumer from running
     (its spec, a name another owns, a checkpoint it cannot read, sources not known), then what its
@@ -80,8 +81,9 @@ def decide(
         return conditions.waiting("SourcesNotResolved", f"waiting for its sourceRefs: {waiting}"), "Pending"
     if stopped(spec):
         word = "Suspended" if spec.get("state") == "suspended" else "Stopped"
-        if status.get("readyInstances"):  # said once true, not when asked: its instances are still stopping
-            return conditions.waiting("Stopping", f"{status['readyInstances']} instance(s) still stopping"), "Pending"
+        # Stopped once no pod of it is left, not once none is ready: an exited pod is still listed for a while
+        if left := max(int(status.get("readyInstances") or 0), remaining):
+            return conditions.waiting("Stopping", f"{left} instance(s) still stopping"), "Pending"
         return conditions.ready(word, "no instance runs; checkpoints are kept"), word
     if failure:
         reason = failure.split(":", 1)[0] if failure.split(":", 1)[0].isalnum() else "ConsumerFailing"
