@@ -7,6 +7,7 @@ checkpoints and read again, after a growing pause, until the retries run out.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,7 +16,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from fibers import failpoints
 from fibers.consumer.assignment import Assignment, Timeline
 from fibers.consumer.batches import Progress, window_starts
-from fibers.consumer.callbacks import Singles
 from fibers.consumer.checkpoint_store import CheckpointStore
 from fibers.consumer.events import ChangeEvent, MalformedEvent, Parser, batch_parser, decode
 from fibers.consumer.positions import NEXT_OFFSET, Positions
@@ -23,6 +23,7 @@ from fibers.consumer.sinkset import SinkSet
 from fibers.consumer.stops import RELAY_LOST_EXIT, UNDECODABLE_EXIT, ConsumerStopped, StoppedWaiting, Stopping
 from fibers.consumer.tuning import BATCH_RECORDS, IDLE_WAIT_SECONDS, QUIET_SECONDS
 from fibers.consumer.undecodable import UndecodablePolicy
+from fibers.consumer.windows import Windows
 from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.config import ConsumerConfig
 from fibers.databus.timelines import timeline_key
@@ -65,19 +66,16 @@ class Relay:
 
     def consume(self) -> None:
         """Read, window and dispatch until the consumer is asked to stop."""
-        window: list[ChangeEvent] = []  # the window being read; complete windows go to `ready`
-        window_id: object = None  # (window id, partition, topic) of `window`
+        windows = Windows(self.config.max_window_events, QUIET_SECONDS)  # each timeline's open window
         attempts: Attempts = {}
-        max_events = self.config.max_window_events
         polls_failed = 0
         while not self.stopping.requested:
             if self.assignment.due():
                 gone = self.assignment.look()
                 self._looked()
-                if window and (window[0].topic, window[0].partition) in gone:
-                    window, window_id = [], None  # its next owner reads it again from the checkpoint
+                windows.drop(gone)  # their next owner reads them again from the checkpoint
             try:
-                messages = self._poll(waiting=bool(window))
+                messages = self._poll(waiting=bool(windows))
             except KafkaException as exc:  # the broker away: the same poll again, after a pause
                 if not exc.args[0].retriable():
                     raise ConsumerStopped(f"Kafka error: {exc.args[0].str()}") from None
@@ -89,7 +87,7 @@ class Relay:
                 continue
             polls_failed = 0
             ready: list[list[ChangeEvent]] = []
-            singles: Singles | None = None  # the run of one-record windows at the end of `ready`
+            events: list[ChangeEvent] = []
             values = [message.value() for message in messages]
             parse = batch_parser(values, self._parse)
             for message, value in zip(messages, values, strict=True):  # the hot loop: keep it lean
@@ -102,36 +100,16 @@ class Relay:
                     try:
                         event = self._undecodable(message, exc)
                     except ConsumerStopped:
+                        windows.cut(events, ready)
                         if ready:  # the complete windows before it are applied: the checkpoint stops at the record
                             self._dispatch(ready, attempts)
                         raise
-                if event is None:
-                    continue
-                if event.window.__class__ is int:  # a record of its own (no transaction): a whole window
-                    if window:
-                        ready.append(window)
-                        window, window_id, singles = [], None, None
-                    if singles is None:
-                        singles = Singles()
-                        ready.append(singles)
-                    singles.append(event)
-                    continue
-                if (event.window, event.partition, event.topic) != window_id or len(window) >= max_events:
-                    if window:
-                        ready.append(window)
-                        singles = None
-                    window = [event]
-                    window_id = (event.window, event.partition, event.topic)
-                else:
-                    window.append(event)
-            # A transaction is complete once the relay goes quiet.
-            if window and not messages:
-                ready.append(window)
-                window, window_id = [], None
+                if event is not None:
+                    events.append(event)
+            windows.cut(events, ready)
+            windows.close_quiet(time.monotonic(), ready, relay_quiet=not messages)
             if ready:
-                rewound = self._dispatch(ready, attempts)
-                if window and (window[0].topic, window[0].partition) in rewound:
-                    window, window_id = [], None  # it will be read again from the checkpoint
+                windows.drop(self._dispatch(ready, attempts))  # rewound: read again from the checkpoint
             if not messages and self.store.pending:
                 self.store.flush()
 
