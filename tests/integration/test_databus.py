@@ -761,8 +761,19 @@ def test_a_consumer_applied_before_its_topic_waits_unready_says_why_and_consumes
 ) -> None:
     """A consumer is often applied before what writes its topic (a Connect, a Transform, in one Argo CD sync):
     its instance exited with "relay topic … does not exist (yet)" and was restarted by the kubelet with a
-    growing back-off: a crash loop, and records written meanwhile waited for the next restart."""
-    consumers.create(unique, {"sources": [unique], "sink": {"type": "log"}, "startPosition": "earliest"})
+    growing back-off: a crash loop, and records written meanwhile waited for the next restart.
+
+    Its first topic lookup is held 8 s (a failpoint; a loaded machine's slow Kafka did it in CI): the first
+    look at the instance hears "looking up its relay topics", and the operator, which asked again only an
+    instance that had said nothing, kept that answer and never told of the missing topic."""
+    spec = {"sources": [unique], "sink": {"type": "log"}, "startPosition": "earliest", "state": "suspended"}
+    consumers.create(unique, spec)
+    consumers.wait_status(unique, lambda s: s.get("phase") == "Suspended", timeout=90, what="suspended")
+    held = [{"name": "consumer", "env": [{"name": "FIBERS_FAILPOINTS", "value": "relay.lookup=1*sleep(8)"}]}]
+    client.AppsV1Api(kube).patch_namespaced_stateful_set(
+        unique, namespace, {"spec": {"template": {"spec": {"containers": held}}}}
+    )
+    consumers.patch(unique, {"spec": {"state": "running"}})
     cond = wait_for(
         lambda: (c := consumers.condition(unique)) and "does not exist yet" in c.get("message", "") and c,
         timeout=120,

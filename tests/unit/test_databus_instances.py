@@ -134,7 +134,7 @@ def test_a_running_instance_that_says_nothing_yet_is_asked_again_a_few_times_the
     started = datetime(2026, 11, 28, 4, 0, 0, tzinfo=UTC)
     starting = pod("orders-0", ready=False)
     starting["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-11-28T04:00:00Z"
-    at = instances.silent_look_due
+    at = instances.look_due
 
     assert at([starting], STS_UID, started + timedelta(seconds=1)) == started + timedelta(seconds=3)
     assert at([starting], STS_UID, started + timedelta(seconds=20)) == started + timedelta(seconds=30)

@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from fibers import lineage, termination
+from fibers import failpoints, lineage, termination
 from fibers.api import API_VERSION
 from fibers.consumer import sinks as built_in
 from fibers.consumer.assignment import Assignment
@@ -225,6 +225,7 @@ class Runtime:
         attempt = 0
         while True:
             try:
+                failpoints.hit("relay.lookup")
                 metadata = self.consumer.list_topics(topic, timeout=KAFKA_METADATA_TIMEOUT_SECONDS)
             except KafkaException as exc:
                 missing = f"Kafka does not answer for relay topic {topic}: {self._masked(exc)}"

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from fibers.conditions import parse_time
-from fibers.databus.policy import READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS, SILENT_INSTANCE_LOOKS_SECONDS
+from fibers.databus.policy import READY_ANSWER_BYTES, READY_ASK_TIMEOUT_SECONDS, UNREADY_INSTANCE_LOOKS_SECONDS
 from fibers.databus.workload import METRICS_PORT
 from fibers.redact import redact, truncate
 
@@ -87,9 +87,9 @@ async def unready_reasons(pods: list[dict[str, Any]], owner_uid: str, port: int 
     return truncate(redact("; ".join(reasons), ()))
 
 
-def silent_look_due(pods: list[dict[str, Any]], owner_uid: str, now: datetime) -> datetime | None:
+def look_due(pods: list[dict[str, Any]], owner_uid: str, now: datetime) -> datetime | None:
     """When to ask the running, not-ready instances again (None: no look is due): the next of
-    `SILENT_INSTANCE_LOOKS_SECONDS` after each one's container started."""
+    `UNREADY_INSTANCE_LOOKS_SECONDS` after each one's container started."""
     times: list[datetime] = []
     for pod in pods:
         if not _running_unready(pod, owner_uid):
@@ -97,6 +97,6 @@ def silent_look_due(pods: list[dict[str, Any]], owner_uid: str, now: datetime) -
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
             if started:
-                after = (parse_time(started) + timedelta(seconds=s) for s in SILENT_INSTANCE_LOOKS_SECONDS)
+                after = (parse_time(started) + timedelta(seconds=s) for s in UNREADY_INSTANCE_LOOKS_SECONDS)
                 times.extend(at for at in after if at > now)
     return min(times) if times else None

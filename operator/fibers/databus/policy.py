@@ -21,8 +21,9 @@ SEEK_STOP_POLL_SECONDS: Final = 0.5
 # checkpoints in place; the seek looks again this often, each time waiting as above.
 SEEK_RECHECK_SECONDS: Final = 30.0
 
-# A running instance that is not ready and does not say why yet (its process still starting, before its /ready
-# answers) is asked again this long after its container started: nothing else changes while it waits (for its
-# relay topic, say), so without these looks its reason would wait for the slow resync. After the last, the
-# instance is taken as silent (a NetworkPolicy between them) and costs nothing more.
-SILENT_INSTANCE_LOOKS_SECONDS: Final = (3.0, 10.0, 30.0, 60.0)
+# A running instance that is not ready is asked why again this long after its container started, whatever it
+# said before: its reason changes while nothing the operator watches does (still starting and silent, then
+# "looking up its relay topics", then "relay topic … does not exist yet"), so without these looks the condition
+# would keep its first answer until the slow resync. After the last, nothing more is asked (a silent instance:
+# a NetworkPolicy between them) and it costs nothing.
+UNREADY_INSTANCE_LOOKS_SECONDS: Final = (3.0, 10.0, 30.0, 60.0)

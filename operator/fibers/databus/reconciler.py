@@ -58,7 +58,7 @@ class Pass:
     manifest: dict[str, Any] | None = None  # the StatefulSet wanted
     new_status: dict[str, Any] = field(default_factory=dict)
     trouble_due: datetime | None = None  # when a pod waiting to be placed has waited long enough to say
-    silent_due: datetime | None = None  # when to ask a running, not-ready instance that said nothing again
+    look_due: datetime | None = None  # when to ask a running, not-ready instance again why it is not ready
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -146,7 +146,7 @@ class DatabusReconciler:
             await step(p)
         # A missing SchemaRegistry sends no event this operator follows: such a spec is looked at again.
         # Everything else it reads (children, sourceRefs) brings it back when it changes.
-        due = min((at.timestamp() for at in (p.trouble_due, p.silent_due, p.seek_due) if at), default=math.inf)
+        due = min((at.timestamp() for at in (p.trouble_due, p.look_due, p.seek_due) if at), default=math.inf)
         return Again(at=due, waiting=bool(p.problem or p.conflict))
 
     async def _read_children(self, p: Pass) -> None:
@@ -408,8 +408,9 @@ class DatabusReconciler:
         unready = ""
         if sts and not failure and new["readyInstances"] < int(spec.get("instances", 1)):
             unready = await instances.unready_reasons(pods, sts["metadata"]["uid"])
-            if not unready:  # still starting, or silent: asked again shortly, as nothing else brings it back
-                p.silent_due = instances.silent_look_due(pods, sts["metadata"]["uid"], utcnow())
+            # Asked again shortly whatever it said: its reason changes while nothing else brings the consumer
+            # back (looking up its relay topics, then the topic missing), and one still starting says nothing.
+            p.look_due = instances.look_due(pods, sts["metadata"]["uid"], utcnow())
 
         trouble = pod_trouble.first(pods, utcnow())
         p.trouble_due = pod_trouble.due(pods, utcnow())
