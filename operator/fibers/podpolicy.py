@@ -22,7 +22,10 @@ HOST_PATH_ENV = "FIBERS_ALLOW_HOST_PATH"  # "true" lets spec volumes be hostPath
 
 # Spark settings a Transform's sparkConf may not pass on: they would move the job to another namespace,
 # ServiceAccount, image or pod template, mount volumes of the submitter's choosing, or change how it is
-# submitted; the spec has its own fields, which the policy checks, for what is allowed of these.
+# submitted; the spec has its own fields, which the policy checks, for what is allowed of these. The
+# Kerberos files are read by spark-submit where it runs — in the Spark Operator's pod — and written into a
+# ConfigMap or Secret of the job's namespace: `krb5.path` naming the Spark Operator's own token file would
+# hand that token to whoever reads the namespace.
 FORBIDDEN_SPARK_CONF = (
     "spark.kubernetes.namespace",
     "spark.kubernetes.authenticate.",
@@ -36,9 +39,38 @@ FORBIDDEN_SPARK_CONF = (
     "spark.kubernetes.driver.pod.name",
     "spark.kubernetes.driver.master",
     "spark.kubernetes.file.upload.path",
+    "spark.kubernetes.kerberos.",
+    "spark.kerberos.",
     "spark.master",
     "spark.submit.",
 )
+
+# Volume types a spec may mount: those of Pod Security's `restricted` profile, which hold nothing outside
+# the namespace. Any other (nfs, iscsi, rbd, cephfs, gitRepo, flexVolume, …) reaches storage shared beyond
+# it — another team's exports — and hostPath the node; hostPath only where the chart allows it.
+VOLUME_TYPES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+)
+IMAGE_BOUNDARIES = "/:@"  # where an image prefix without its own separator must end in the image
+
+
+def _image_allowed(image: str, prefix: str) -> bool:
+    """`registry.corp.io` allows `registry.corp.io/x:1`, not `registry.corp.io.evil.com/x:1`: a prefix
+    that does not end at a separator must end at one in the image."""
+    if not image.startswith(prefix):
+        return False
+    return prefix[-1:] in IMAGE_BOUNDARIES or len(image) == len(prefix) or image[len(prefix)] in IMAGE_BOUNDARIES
+
+
+def _forbidden_in(value: Any) -> str:
+    """A forbidden setting passed as a JVM system property inside another setting's value
+    (`spark.driver.extraJavaOptions: -Dspark.kubernetes.executor.volumes…`, an env var's JAVA_TOOL_OPTIONS):
+    the driver reads `spark.*` properties as settings. "" when none is."""
+    text = str(value)
+    for key in FORBIDDEN_SPARK_CONF:
+        if f"-D{key}" in text:
+            return key
+    return ""
 
 
 def _listed(value: str | None) -> tuple[str, ...] | None:
@@ -73,7 +105,7 @@ class PodPolicy:
         (the field's path, what the spec sets there; None or empty: the operator's default, allowed)."""
         found = []
         field, value = image
-        if value and self.images is not None and not any(value.startswith(p) for p in self.images):
+        if value and self.images is not None and not any(_image_allowed(value, p) for p in self.images):
             allowed = ", ".join(self.images) or "none"
             found.append(
                 f"{field}: image {value} is not allowed (allowed prefixes: {allowed}; chart policy.allowedImages)"
@@ -87,14 +119,21 @@ class PodPolicy:
             )
         field, listed = volumes
         for index, volume in enumerate(listed):
-            if "hostPath" in volume and not self.host_path:
-                found.append(
-                    f"{field}[{index}].hostPath: hostPath volumes are not allowed (chart policy.allowHostPath)"
-                )
+            for kind in sorted(set(volume) - {"name"} - VOLUME_TYPES):
+                if kind == "hostPath":
+                    if not self.host_path:
+                        found.append(
+                            f"{field}[{index}].hostPath: hostPath volumes are not allowed (chart policy.allowHostPath)"
+                        )
+                    continue
+                allowed = ", ".join(sorted(VOLUME_TYPES))
+                found.append(f"{field}[{index}].{kind}: {kind} volumes are not allowed (allowed: {allowed})")
         field, conf = spark_conf
         for key in sorted(conf):
             if key.startswith(FORBIDDEN_SPARK_CONF):
                 found.append(f"{field}.{key}: this Spark setting is set by the operator, not by a Transform")
+            elif inner := _forbidden_in(conf[key]):
+                found.append(f"{field}.{key}: sets {inner}… as a JVM property, which a Transform may not set")
         return found
 
 

@@ -199,14 +199,25 @@ def test_team_b_reaches_nothing_of_team_a_through_the_operator(
     }
     b_transforms.create("host", {**job, "spark": host})
     b_transforms.create("conf", {**job, "spark": {"sparkConf": {"spark.kubernetes.namespace": team_a}}})
+    # spark-submit, in the Spark Operator's pod, would copy its own token into a ConfigMap of B's namespace;
+    # an NFS export reaches other teams' directories.
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    submitter = {
+        "sparkConf": {"spark.kubernetes.kerberos.krb5.path": token},
+        "volumes": [{"name": "shared", "nfs": {"server": "nfs.storage", "path": "/export"}}],
+        "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+    }
+    b_transforms.create("submitter", {**job, "spark": submitter})
     refused = {
         (b_consumers, "image"): "spec.image: image registry.evil.example/miner:1 is not allowed",
         (b_consumers, "account"): "spec.serviceAccount: ServiceAccount default is not allowed",
         (b_transforms, "host"): "spec.spark.volumes[0].hostPath: hostPath volumes are not allowed",
         (b_transforms, "conf"): "spec.spark.sparkConf.spark.kubernetes.namespace:",
+        (b_transforms, "submitter"): "spec.spark.sparkConf.spark.kubernetes.kerberos.krb5.path:",
     }
     for (resources, name), message in refused.items():
         assert message in resources.wait_condition(name, "False", "InvalidSpec", timeout=30)["message"]
+    assert "spec.spark.volumes[0].nfs: nfs volumes are not allowed" in b_transforms.condition("submitter")["message"]
 
     # Cluster-scoped: a ConnectCluster of B's own (a URL of its choosing, any namespace's Secret) is refused.
     cluster = {
@@ -228,7 +239,7 @@ def test_team_b_reaches_nothing_of_team_a_through_the_operator(
     for resources, names in (
         (b_connects, (own, unique, "named", "secret")),
         (b_consumers, ("cm", "image", "account")),
-        (b_transforms, ("host", "conf")),
+        (b_transforms, ("host", "conf", "submitter")),
     ):
         for name in names:
             resources.delete(name)
