@@ -131,13 +131,17 @@ class Kube:
         await asyncio.to_thread(lambda: self.api.delete(url, propagation=propagation, uid=uid))
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
+        return (await self.keyed_secret_value(namespace, name, key))[1]
+
+    async def keyed_secret_value(self, namespace: str, name: str, key: str) -> tuple[str, str]:
+        """(the Secret's uid, the key's value): what `secret_refs.digest` takes."""
         secret = await self.read(path("v1", "secrets", namespace, name))
         if secret is None:
             raise SecretMissing(f"Secret {namespace}/{name} not found")
         data = secret.get("data") or {}
         if key not in data:
             raise SecretMissing(f"Secret {namespace}/{name} has no key {key!r}")
-        return base64.b64decode(data[key]).decode()
+        return str(secret["metadata"].get("uid") or ""), base64.b64decode(data[key]).decode()
 
     async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A fibers.dev object, or None when it does not exist."""

@@ -9,18 +9,30 @@ lookup. The index holds names only, never a value, and no Secret object is kept.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable
 
 Resource = tuple[str, str, str]  # (kind, namespace, name)
 SecretKey = tuple[str, str]  # (Secret name, key)
+Keyed = tuple[str, str]  # (the Secret's uid, the value): what a digest is taken of
 
 
-def digest(values: dict[SecretKey, str | None]) -> str:
+def digest(values: dict[SecretKey, Keyed | None]) -> str:
     """A digest of Secret values (None: not there), never reversible to them: what a resource records to
-    tell, when a Secret it names changes, whether the values it runs with moved."""
+    tell, when a Secret it names changes, whether the values it runs with moved.
+
+    Each value is keyed by its Secret's uid (an HMAC): the digest sits where readers of the namespace see it
+    (a Transform's status, a StatefulSet's annotations) and the Secret's name and key are in the spec, so a
+    plain hash let anyone who may not read the Secret test guesses of a short password offline; the uid is
+    known only to those who may read the Secret."""
     h = hashlib.sha256()
-    for (name, key), value in sorted(values.items()):
-        h.update(f"{name}\0{key}\0{'-' if value is None else '+' + value}\0".encode())
+    for (name, key), keyed in sorted(values.items()):
+        if keyed is None:
+            h.update(f"{name}\0{key}\0-\0".encode())
+            continue
+        uid, value = keyed
+        mac = hmac.new(uid.encode(), f"{name}\0{key}\0{value}".encode(), hashlib.sha256).hexdigest()
+        h.update(f"{name}\0{key}\0+{mac}\0".encode())
     return h.hexdigest()[:16]
 
 

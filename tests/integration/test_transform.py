@@ -8,6 +8,8 @@ Files reach the pods through a hostPath volume the Transform declares (`spark.vo
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import time
@@ -532,6 +534,11 @@ def test_streaming_keeps_up_suspends_resumes_and_restarts_for_its_secret_without
         unique, lambda s: (s.get("currentRun") or {}).get("trigger") == "secret-change", timeout=60
     )["currentRun"]
     assert restarted["name"] != resumed["name"] and restarted["secretsDigest"] != resumed["secretsDigest"]
+    # Whoever reads the status but not the Secret knows its name and key: a plain hash of a guessed value
+    # matched the recorded digest (a way to test guesses of a password offline); it is keyed by the Secret's uid.
+    guess = json.dumps({"token": base64.b64encode(b"two").decode()}, sort_keys=True)
+    plain = hashlib.sha256(f"{secret}\0\0+{guess}\0".encode()).hexdigest()[:16]
+    assert restarted["secretsDigest"] != plain
     event = transforms.wait_event(unique, "SecretChanged")
     assert secret in event["message"] and "two" not in event["message"]
     transforms.wait_condition(unique, "True", "Running", timeout=300)

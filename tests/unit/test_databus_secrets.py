@@ -29,10 +29,17 @@ def test_the_secret_keys_a_consumers_pods_take() -> None:
 
 
 def test_a_digest_moves_with_a_value_and_never_holds_it() -> None:
-    one = secrets.digest({("view", "uri"): "mongodb://a:s3cret@db/"})
-    assert one == secrets.digest({("view", "uri"): "mongodb://a:s3cret@db/"}) and "s3cret" not in one
-    assert one != secrets.digest({("view", "uri"): "mongodb://a:other@db/"})
-    assert secrets.digest({("view", "uri"): None}) != secrets.digest({("view", "uri"): ""})  # gone ≠ empty
+    one = secrets.digest({("view", "uri"): ("uid-1", "mongodb://a:s3cret@db/")})
+    assert one == secrets.digest({("view", "uri"): ("uid-1", "mongodb://a:s3cret@db/")}) and "s3cret" not in one
+    assert one != secrets.digest({("view", "uri"): ("uid-1", "mongodb://a:other@db/")})
+    assert secrets.digest({("view", "uri"): None}) != secrets.digest({("view", "uri"): ("uid-1", "")})  # gone ≠ empty
+
+
+def test_a_digest_cannot_be_reproduced_without_the_secrets_uid() -> None:
+    """It sits on the StatefulSet, which namespace readers see: with the Secret's name and key from the spec,
+    a guessed password could be checked against it offline. Keyed by the Secret's uid, it cannot."""
+    value = "mongodb://a:s3cret@db/"
+    assert secrets.digest({("view", "uri"): ("uid-1", value)}) != secrets.digest({("view", "uri"): ("uid-2", value)})
 
 
 def test_only_a_changed_digest_replaces_the_pods_and_a_first_one_does_not() -> None:

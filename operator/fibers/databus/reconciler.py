@@ -250,7 +250,7 @@ class DatabusReconciler:
         recorded = ((p.existing or {}).get("metadata") or {}).get("annotations", {}).get(secrets.HASH)
         now = None
         if changed or recorded is None:  # the values are read only when they may have moved
-            now = secrets.digest({ref: await self._secret_value(p.namespace, ref) for ref in refs})
+            now = secrets.digest({ref: await self._keyed_value(p.namespace, ref) for ref in refs})
         digest, template, restart = secrets.digests(p.existing, now)
         if digest:
             p.manifest["metadata"].setdefault("annotations", {})[secrets.HASH] = digest
@@ -262,9 +262,9 @@ class DatabusReconciler:
             log.info("secret changed: rolling the instances", extra={**p.context, "secrets": which})
             self._post(p.body, "SecretChanged", message, False)
 
-    async def _secret_value(self, namespace: str, ref: secrets.SecretKey) -> str | None:
+    async def _keyed_value(self, namespace: str, ref: secrets.SecretKey) -> tuple[str, str] | None:
         try:
-            return await self.kube.secret_value(namespace, *ref)
+            return await self.kube.keyed_secret_value(namespace, *ref)
         except SecretMissing:
             return None  # the pod cannot start either; the kubelet says why (CreateContainerConfigError)
 

@@ -241,15 +241,17 @@ class TransformReconciler:
     async def _digest(self, namespace: str, keys: list[tuple[str, str]]) -> str:
         """A digest of the values (never the values: they stay in this call); a Secret mounted whole counts
         with every key it holds."""
-        values: dict[tuple[str, str], str | None] = {}
+        values: dict[tuple[str, str], tuple[str, str] | None] = {}
         for name, key in keys:
             if key == WHOLE_SECRET:
                 secret = await self.kube.read(path("v1", "secrets", namespace, name))
-                data = None if secret is None else dict(secret.get("data") or {})
-                values[name, key] = None if data is None else json.dumps(data, sort_keys=True)
+                values[name, key] = None
+                if secret is not None:
+                    data = json.dumps(dict(secret.get("data") or {}), sort_keys=True)
+                    values[name, key] = (str(secret["metadata"].get("uid") or ""), data)
                 continue
             try:
-                values[name, key] = await self.kube.secret_value(namespace, name, key)
+                values[name, key] = await self.kube.keyed_secret_value(namespace, name, key)
             except SecretMissing:
                 values[name, key] = None
         return digest(values)
