@@ -104,6 +104,10 @@ async def resolve(auth: HttpAuth, secrets: SecretReader, allowed: frozenset[str]
         headers, masked = {"Authorization": f"Basic {token}"}, (password, token)
     elif auth.bearer_token:
         token = (await value(auth.bearer_token)).strip()
+        if any(c.isspace() or not c.isprintable() for c in token):
+            # An HTTP client refuses such a header and quotes it, escaped, in its error: the token would reach
+            # status and logs unmasked. Said here, naming the Secret, never the value.
+            raise CredentialsRefused(f"Secret {auth.bearer_token}: the token holds whitespace or control characters")
         headers, masked = {"Authorization": f"Bearer {token}"}, (token,)
     tls: ssl.SSLContext | bool = True
     if auth.insecure_skip_verify:

@@ -218,6 +218,24 @@ def test_a_subject_belongs_to_one_resource(
         platform_resources.delete(kube, again, plural=platform_resources.SCHEMA_REGISTRIES)
 
 
+def test_a_look_that_cannot_choose_its_registry_keeps_what_the_schema_recorded(
+    schemas: Resources, registry: httpx.Client, unique: str
+) -> None:
+    """Its registry named wrongly for a moment (a typo, a SchemaRegistry replaced by a sync): the status was
+    written without `managed`, and once the name was right again the subject looked registered outside
+    Fibers for good (SubjectExists), its next version never registered and deletionPolicy Delete skipped."""
+    subject, name = f"{unique}-value", f"{unique}-kept"
+    schemas.create(name, {"subject": subject, "schema": avro(ID)})
+    schemas.wait_condition(name, "True", "Registered")
+    schemas.patch(name, {"spec": {"registry": f"{unique}-missing"}})
+    schemas.wait_condition(name, "False", "RegistryNotFound")
+    assert schemas.status(name).get("managed") is True
+    schemas.patch(name, {"spec": {"registry": None, "schema": avro(ID, QTY_DEFAULT)}})
+    schemas.wait_status(name, lambda s: s.get("registeredVersions") == [1, 2], timeout=60, what="version 2")
+    assert versions(registry, subject) == [1, 2]
+    schemas.delete(name)
+
+
 def test_drift_is_reported(schemas: Resources, registry: httpx.Client, unique: str) -> None:
     subject = f"{unique}-value"
     schemas.create(unique, {"subject": subject, "schema": avro(ID), "compatibility": "NONE"})

@@ -44,7 +44,9 @@ def schema_registries(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Registr
 @kopf.index(GROUP, VERSION, PLURAL)
 def schema_claims(namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> dict[str, Claim]:
     created = str(meta.get("creationTimestamp"))
-    return {str(spec.get("subject")): Claim(created, str(namespace), name, spec.get("registry"))}
+    # "" (an empty Helm value) is the default registry, as parse_schema reads it: a claim kept as "" matched
+    # no registry, and the subject it holds looked free to others.
+    return {str(spec.get("subject")): Claim(created, str(namespace), name, spec.get("registry") or None)}
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -32,6 +32,7 @@ from fibers.schemas.spec import (
     parse_schema,
 )
 from fibers.schemas.steps import Outcome
+from fibers.selectors import selector_matches
 from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.schemas")
@@ -117,17 +118,22 @@ class SchemaOperator:
             )
             await self._write(body, Outcome(status=kept, conditions=[held, conditions.PAUSED]))
             return
+        # What the last look recorded (managed, versions) stands through a look that cannot act: written
+        # without it, `managed` was lost and the subject then looked registered outside Fibers for good.
+        kept = {k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")}
         known = list(registries)
         labels = (namespace, await self.kube.namespace_labels(namespace)) if needs_namespace(known) else None
         try:
             registry = choose_registry(spec.registry, known, self.default_registry, labels)
         except RegistryNotChosen as exc:
-            await self._write(body, Outcome(conditions=conditions.waiting("RegistryNotFound", str(exc))))
+            await self._write(body, Outcome(status=kept, conditions=conditions.waiting("RegistryNotFound", str(exc))))
             return
-        where: dict[str | None, str] = {r.name: r.url for r in known}
+        by_name: dict[str | None, RegistrySpec] = {r.name: r for r in known}
         with contextlib.suppress(RegistryNotChosen):
-            where[None] = choose_registry(None, known, self.default_registry).url
-        holder = owner(claims, registry.url, where)
+            by_name[None] = choose_registry(None, known, self.default_registry)
+        where = {name: r.url for name, r in by_name.items()}
+        allowed = [c for c in claims if await self._may_use(c, by_name.get(c.registry) or registry, namespace)]
+        holder = owner(allowed, registry.url, where)
         if holder is not None and (holder.namespace, holder.name) != (namespace, name):
             through = (
                 f" (through SchemaRegistry {holder.registry}, the same registry)"
@@ -145,19 +151,28 @@ class SchemaOperator:
         try:
             out = await steps.reconcile(spec, registry, await self.client(registry), status)
         except CredentialsUnavailable as exc:
-            out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
+            out = Outcome(status=kept)
             out.conditions = conditions.waiting(
                 "RegistryCredentials", f"{exc}; tried again every {self.settings.retry:.0f} s"
             )
         except RegistryUnreachable as exc:
-            out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
+            out = Outcome(status=kept)
             out.conditions = conditions.waiting(
                 "RegistryUnreachable", f"{exc}; tried again every {self.settings.retry:.0f} s"
             )
         except RegistryError as exc:
-            out = Outcome(status={k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")})
+            out = Outcome(status=kept)
             out.conditions = conditions.waiting("RegistryError", f"the registry answered {exc}")
         await self._write(body, out)
+
+    async def _may_use(self, claim: Claim, registry: RegistrySpec, namespace: str) -> bool:
+        """Whether a claim's namespace may use the registry it names: a Schema in a namespace the registry's
+        namespaceSelector leaves out is refused (RegistryNotFound), and its claim must not hold the subject
+        against the namespaces it serves — or any namespace could pre-claim every subject name."""
+        if claim.namespace == namespace or not registry.namespace_selector:
+            return True
+        labels = await self.kube.namespace_labels(claim.namespace)
+        return selector_matches(dict(registry.namespace_selector), dict(labels))
 
     async def delete_schema(self, body: dict[str, Any], registries: Iterable[RegistrySpec]) -> None:
         """deletionPolicy Delete soft-deletes a subject this resource managed; Retain (the default) keeps it."""
