@@ -24,9 +24,17 @@ from kubernetes.client import ApiClient
 from fibers import kubeapi
 from fibers.conditions import parse_time
 from fibers.jobs import report
-from fibers.jobs.spec import result_config_map
+from fibers.jobs.spec import LABEL_TRANSFORM, result_config_map
 from fibers.kube import Kube
-from fibers.transform.sparkapp import FINISHED_FAILED, SparkApplications, finished, state_of
+from fibers.transform.sparkapp import (
+    FINISHED_FAILED,
+    GROUP,
+    PLURAL,
+    VERSION,
+    SparkApplications,
+    finished,
+    state_of,
+)
 from fibers_stack import StackInfo, spark_operator
 from tests.helpers import Resources, lineage_events, produce, read_all, read_topic, spark_apps, wait_for
 from tests.integration.conftest import JOBS_SERVICE_ACCOUNT, OperatorProcess, lineage_env
@@ -774,3 +782,43 @@ def test_a_result_configmap_of_another_is_never_written_read_or_deleted_as_a_run
         report.kube_api.cache_clear()  # the next user of the driver's client in this process makes its own
     assert core.read_namespaced_config_map(theirs, namespace).data == {"recordsOut": "7"}
     assert ours not in {cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items}
+
+
+def test_a_spark_application_only_labelled_for_a_transform_is_never_taken_or_deleted_as_its_run(
+    transforms: Resources, kube: ApiClient, namespace: str, unique: str
+) -> None:
+    """Runs were found by their label alone: a SparkApplication copied by hand to debug a run (or one left by
+    an earlier Transform of the name) was the Transform's own to the operator, deleted as an active run when
+    it was suspended. Only the runs it owns are its runs."""
+    custom = client.CustomObjectsApi(kube)
+    copy = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SparkApplication",
+        "metadata": {"name": f"{unique}-copy", "labels": {LABEL_TRANSFORM: unique}},
+        "spec": {  # suspended: the Spark Operator leaves it as it is
+            "type": "Python",
+            "mode": "cluster",
+            "sparkVersion": "4.0.0",
+            "image": "debug:1",
+            "mainApplicationFile": "local:///opt/debug.py",
+            "suspend": True,
+            "driver": {"cores": 1, "memory": "512m"},
+            "executor": {"instances": 1, "cores": 1, "memory": "512m"},
+        },
+    }
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, copy)
+    spec = {
+        "mode": "streaming",
+        "inputs": [{"name": "t", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT"}}],
+        "sql": "SELECT * FROM t",
+        "output": {"kafka": {"topic": f"{unique}-out"}},
+        "state": "suspended",
+    }
+    transforms.create(unique, spec)
+    transforms.wait_condition(unique, "True", "Suspended", timeout=60)
+    time.sleep(5)  # a delete of the copy, as an active run of a suspended Transform, came at once
+    kept = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, f"{unique}-copy")
+    assert kept["metadata"].get("deletionTimestamp") is None
+    assert "currentRun" not in transforms.status(unique)
+    transforms.delete(unique)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, f"{unique}-copy")

@@ -21,7 +21,7 @@ from fibers import conditions, failpoints, metrics, pod_trouble, upstream
 from fibers.api import SCHEMA_PLURAL, object_ref
 from fibers.conditions import Condition, format_time, parse_time, utcnow
 from fibers.jobs.spec import LABEL_TRANSFORM
-from fibers.kube import Kube, SecretMissing
+from fibers.kube import Kube, NotOurs, SecretMissing
 from fibers.kubeapi import ApiError, path
 from fibers.pod_trouble import Trouble
 from fibers.reconciles import Again
@@ -66,6 +66,7 @@ class Pass:
     health: Condition = field(default_factory=lambda: upstream.condition([], ""))  # UpstreamReady
     plan: runs.Plan = field(default_factory=runs.Plan)
     waiting: str = ""  # what the run to start waits for (InputsNotReady)
+    conflict: str = ""  # the run's SparkApplication name is taken by one this Transform does not own
     mirrored: dict[str, Any] = field(default_factory=dict)  # the current run as its SparkApplication has it
     trouble: Trouble | None = None  # a pod of the current run that will not start by waiting
     trouble_run: str = ""  # that run
@@ -180,13 +181,13 @@ class TransformReconciler:
             await step(p)
         # What changes by itself: the clock (a schedule slot, a deadline) and what waiting inputs wait for.
         due = min((t for t in (runs.next_look(p.view, p.apps, p.now), p.trouble_due) if t), default=None)
-        return Again(at=due.timestamp() if due else math.inf, waiting=bool(p.waiting))
+        return Again(at=due.timestamp() if due else math.inf, waiting=bool(p.waiting or p.conflict))
 
     async def _list_runs(self, p: Pass) -> Again | None:
         """Its SparkApplications; without the CRD nothing can run: said, and looked at again now and then
         (a CRD being installed sends no event this operator watches)."""
         try:
-            p.apps = await self.apps.list_for(p.namespace, p.view.name)
+            p.apps = await self.apps.list_for(p.namespace, p.view.name, p.view.uid)
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -270,8 +271,9 @@ class TransformReconciler:
 
     async def _drop_runs(self, p: Pass) -> None:
         plan, current = p.plan, p.current
+        listed = {a["metadata"]["name"]: a["metadata"]["uid"] for a in p.apps}
         for name in plan.delete:
-            await self.apps.delete(p.namespace, name)
+            await self.apps.delete(p.namespace, name, listed.get(name))
             await self.apps.delete_result(p.namespace, p.view.name, name)
             log.info("run deleted", extra={**p.context, "run": name})
         if plan.suspend_current:
@@ -337,14 +339,18 @@ class TransformReconciler:
         p.view, p.status = view.with_status(status), status
         failpoints.hit("transform.recorded")  # tests stop the operator here: recorded, not yet created
         app = sparkapp.build(p.view.body, run=run, job=job, trigger=trigger, defaults=self.defaults)
-        created = await self.apps.create(app)
+        try:
+            created = await self.apps.create(app)
+        except NotOurs as exc:
+            p.conflict = str(exc)
+            return
         log.info(
             "run submitted" if created else "run already submitted", extra={**p.context, "run": run, "trigger": trigger}
         )
         if created:
             metrics.transform_submitted(namespace, view.name)
             self._event(view, "RunSubmitted", f"submitted run {run} ({trigger})")
-        p.apps = await self.apps.list_for(namespace, view.name)
+        p.apps = await self.apps.list_for(namespace, view.name, view.uid)
 
     async def _read_result(self, p: Pass) -> None:
         current = p.current
@@ -380,6 +386,7 @@ class TransformReconciler:
             p.now,
             waiting=p.waiting,
             invalid=p.invalid,
+            conflict=p.conflict,
             upstream=p.health,
             inputs=inputs,
             paused=p.paused,

@@ -83,6 +83,7 @@ def report(
     *,
     waiting: str = "",
     invalid: str = "",
+    conflict: str = "",
     no_spark_operator: str = "",
     upstream: Condition | None = None,
     inputs: list[dict[str, Any]] | None = None,
@@ -106,6 +107,8 @@ def report(
     conds, phase = _conditions(view, run, state, waiting, now)
     if no_spark_operator:
         conds, phase = conditions.stalled(NO_SPARK_OPERATOR, no_spark_operator), "Pending"
+    if conflict:  # its run's name is taken by an object it does not own
+        conds, phase = conditions.stalled("Conflict", conflict), "Failed"
     if invalid:  # the spec cannot run: say so, whatever the last run did
         conds, phase = conditions.stalled(INVALID, invalid), "Failed"
     if upstream is not None:

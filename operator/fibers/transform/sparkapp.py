@@ -12,7 +12,7 @@ from typing import Any
 
 from fibers import termination
 from fibers.jobs.spec import LABEL_TRANSFORM, METRICS_PORT_ENV, result_config_map, written_for
-from fibers.kube import Kube, adopt
+from fibers.kube import Kube, NotOurs, adopt
 from fibers.kubeapi import ApiError, path
 from fibers.redact import redact, truncate
 from fibers.transform.spec import Defaults, secret_envs
@@ -133,6 +133,11 @@ def _class_path(spark_conf: dict[str, str], key: str) -> str:
     return f"{own}:{JOB_JARS}" if own else JOB_JARS
 
 
+def owned_by(app: dict[str, Any], uid: str) -> bool:
+    """Whether the Transform of that uid owns the SparkApplication (its owner reference, set by `build`)."""
+    return any(ref.get("uid") == uid for ref in (app.get("metadata") or {}).get("ownerReferences") or [])
+
+
 def build(
     transform: dict[str, Any], *, run: str, job: dict[str, Any], trigger: str, defaults: Defaults
 ) -> dict[str, Any]:
@@ -235,22 +240,35 @@ class SparkApplications:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    async def list_for(self, namespace: str, transform: str) -> list[dict[str, Any]]:
+    async def list_for(self, namespace: str, transform: str, uid: str) -> list[dict[str, Any]]:
+        """The Transform's runs: labelled for it and owned by it (its uid). One only labelled — a run copied
+        by hand to debug, one of an earlier Transform of that name — is not its run: never read as one,
+        trimmed as history or deleted as an extra query."""
         items = await self.kube.items(path(API, PLURAL, namespace), labelSelector=f"{LABEL_TRANSFORM}={transform}")
-        return sorted(items, key=lambda a: a["metadata"]["creationTimestamp"])
+        return sorted((a for a in items if owned_by(a, uid)), key=lambda a: a["metadata"]["creationTimestamp"])
 
     async def create(self, app: dict[str, Any]) -> bool:
-        """Create it; False when it already exists (a retried submission is not a second one)."""
+        """Create it; False when it already exists as this Transform's (a retried submission is not a second
+        one). One of that name it does not own is not taken for its run (NotOurs)."""
+        meta = app["metadata"]
         try:
-            await self.kube.call("POST", path(API, PLURAL, app["metadata"]["namespace"]), body=app)
+            await self.kube.call("POST", path(API, PLURAL, meta["namespace"]), body=app)
         except ApiError as exc:
-            if exc.status == 409:
-                return False
-            raise
+            if exc.status != 409:
+                raise
+            found = await self.kube.read(path(API, PLURAL, meta["namespace"], meta["name"]))
+            if found is not None and not owned_by(found, meta["ownerReferences"][0]["uid"]):
+                raise NotOurs(
+                    f"SparkApplication {meta['namespace']}/{meta['name']} exists and is not this Transform's "
+                    "(no owner reference to it): it is neither taken for the run nor deleted; delete it to let "
+                    "the run start"
+                ) from None
+            return False
         return True
 
-    async def delete(self, namespace: str, name: str) -> None:
-        await self.kube.delete(path(API, PLURAL, namespace, name), propagation="Background")
+    async def delete(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete a run; with `uid`, only the one listed (not one made again under its name since)."""
+        await self.kube.delete(path(API, PLURAL, namespace, name), propagation="Background", uid=uid)
 
     async def result(self, namespace: str, transform: str, run: str) -> dict[str, str]:
         """What the job reported in its result ConfigMap, if it wrote one: a ConfigMap of that name that the
