@@ -63,10 +63,9 @@ def _user_image(args: argparse.Namespace) -> int:
 
 
 def _images(args: argparse.Namespace) -> int:
-    import yaml
 
     import fibers_stack as stack
-    from fibers_stack import images, registry
+    from fibers_stack import images, registry, yamlout
 
     if args.push:
         destination, cert_dir = args.push, Path(args.cert_dir) if args.cert_dir else None
@@ -83,7 +82,7 @@ def _images(args: argparse.Namespace) -> int:
     pushed["jobs"] = images.push_to(destination, job, cert_dir=cert_dir)
     chart, version = registry.push_chart(destination, ca_file)
     values = {key: images.chart_values(ref) for key, ref in pushed.items()}
-    text = yaml.safe_dump({"image": values["image"], "jobs": {"image": values["jobs"]}}, sort_keys=False)
+    text = yamlout.dump({"image": values["image"], "jobs": {"image": values["jobs"]}}, sort_keys=False)
     if args.values:
         Path(args.values).write_text(text)
         print(f"wrote the chart's image values to {args.values}", file=sys.stderr)

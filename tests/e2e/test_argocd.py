@@ -38,7 +38,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 import fibers_stack
-from fibers_stack import StackInfo, argocd, spark_operator
+from fibers_stack import StackInfo, argocd, spark_operator, yamlout
 from fibers_stack.layout import REPO_ROOT
 from tests.helpers import HEALTH, status_fixture, wait_for
 
@@ -81,7 +81,7 @@ class Repo:
 
     def write(self, rel: str, doc: dict[str, Any]) -> None:
         self.path(rel).parent.mkdir(parents=True, exist_ok=True)
-        self.path(rel).write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.path(rel).write_text(yamlout.dump(doc, sort_keys=False))
 
     def remove(self, rel: str) -> None:
         self.path(rel).unlink()
