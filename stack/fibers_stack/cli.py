@@ -63,7 +63,6 @@ def _user_image(args: argparse.Namespace) -> int:
 
 
 def _images(args: argparse.Namespace) -> int:
-
     import fibers_stack as stack
     from fibers_stack import images, registry, yamlout
 
