@@ -812,6 +812,7 @@ def test_a_spark_application_only_labelled_for_a_transform_is_never_taken_or_del
         "inputs": [{"name": "t", "kafka": {"topics": [f"{unique}-in"], "schema": "id INT"}}],
         "sql": "SELECT * FROM t",
         "output": {"kafka": {"topic": f"{unique}-out"}},
+        "checkpoint": {"location": f"{DATA}/{unique}-checkpoint"},
         "state": "suspended",
     }
     transforms.create(unique, spec)
