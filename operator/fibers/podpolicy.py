@@ -120,14 +120,13 @@ class PodPolicy:
         field, listed = volumes
         for index, volume in enumerate(listed):
             for kind in sorted(set(volume) - {"name"} - VOLUME_TYPES):
-                if kind == "hostPath":
-                    if not self.host_path:
-                        found.append(
-                            f"{field}[{index}].hostPath: hostPath volumes are not allowed (chart policy.allowHostPath)"
-                        )
-                    continue
-                allowed = ", ".join(sorted(VOLUME_TYPES))
-                found.append(f"{field}[{index}].{kind}: {kind} volumes are not allowed (allowed: {allowed})")
+                if kind != "hostPath":
+                    allowed = ", ".join(sorted(VOLUME_TYPES))
+                    found.append(f"{field}[{index}].{kind}: {kind} volumes are not allowed (allowed: {allowed})")
+                elif not self.host_path:
+                    found.append(
+                        f"{field}[{index}].hostPath: hostPath volumes are not allowed (chart policy.allowHostPath)"
+                    )
         field, conf = spark_conf
         for key in sorted(conf):
             if key.startswith(FORBIDDEN_SPARK_CONF):

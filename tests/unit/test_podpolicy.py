@@ -13,6 +13,11 @@ CHART = PodPolicy.from_env(
 )
 
 
+def fields(refused: list[str]) -> list[str]:
+    """The field each refusal names (what comes before its first colon)."""
+    return [r.split(":")[0] for r in refused]
+
+
 def test_the_operators_defaults_are_always_allowed() -> None:
     assert CHART.problems(image=("spec.image", None), service_account=("spec.serviceAccount", None)) == []
 
@@ -50,7 +55,7 @@ def test_spark_settings_that_move_the_job_are_refused() -> None:
         "spark.kubernetes.executor.volumes.hostPath.root.mount.path": "/host",
     }
     refused = CHART.problems(spark_conf=("spec.spark.sparkConf", conf))
-    assert [r.split(":")[0] for r in refused] == [
+    assert fields(refused) == [
         "spec.spark.sparkConf.spark.kubernetes.authenticate.driver.serviceAccountName",
         "spec.spark.sparkConf.spark.kubernetes.driver.podTemplateFile",
         "spec.spark.sparkConf.spark.kubernetes.executor.volumes.hostPath.root.mount.path",
@@ -68,7 +73,7 @@ def test_spark_settings_read_on_the_submitters_side_are_refused() -> None:
     token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     conf = {"spark.kubernetes.kerberos.krb5.path": token, "spark.kerberos.keytab": token}
     refused = CHART.problems(spark_conf=("spec.spark.sparkConf", conf))
-    assert [r.split(":")[0] for r in refused] == [
+    assert fields(refused) == [
         "spec.spark.sparkConf.spark.kerberos.keytab",
         "spec.spark.sparkConf.spark.kubernetes.kerberos.krb5.path",
     ]
@@ -83,7 +88,7 @@ def test_a_refused_setting_passed_as_a_jvm_property_is_refused() -> None:
         "spark.executor.extraJavaOptions": "-XX:+UseG1GC -Dlog4j.configuration=file:/opt/log4j.properties",
     }
     refused = CHART.problems(spark_conf=("spec.spark.sparkConf", conf))
-    assert [r.split(":")[0] for r in refused] == [
+    assert fields(refused) == [
         "spec.spark.sparkConf.spark.driver.extraJavaOptions",
         "spec.spark.sparkConf.spark.kubernetes.driverEnv.JAVA_TOOL_OPTIONS",
     ]
@@ -100,7 +105,7 @@ def test_only_volume_types_that_stay_in_the_namespace_are_allowed() -> None:
         {"name": "d", "gitRepo": {"repository": "https://x"}},
     ]
     refused = PodPolicy(host_path=True).problems(volumes=("spec.spark.volumes", volumes))
-    assert [r.split(":")[0] for r in refused] == ["spec.spark.volumes[2].nfs", "spec.spark.volumes[3].gitRepo"]
+    assert fields(refused) == ["spec.spark.volumes[2].nfs", "spec.spark.volumes[3].gitRepo"]
 
 
 def test_an_image_prefix_ends_at_a_separator() -> None:

@@ -11,7 +11,7 @@ transaction's events together, so its silence means the transaction is complete)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fibers.consumer.callbacks import Singles
 from fibers.consumer.events import ChangeEvent
@@ -26,7 +26,7 @@ class _Open:
     window: str | int
     events: list[ChangeEvent]
     size_seen: int = 0
-    grew_at: float = field(default=0.0)
+    grew_at: float = 0.0
 
 
 class Windows:
