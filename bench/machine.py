@@ -13,7 +13,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,14 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import fibers_stack
-from fibers_stack import StackInfo, namespaces
+from fibers_stack import StackInfo, namespaces, process
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now (for a metrics server the benchmark starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on now, outside the range outgoing connections take theirs from."""
+    return process.free_port("127.0.0.1")
 
 
 def wait(predicate: Any, timeout: float, what: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,10 +23,28 @@ class StackError(RuntimeError):
     """A component did not start; the message carries the tail of its log."""
 
 
+# Ports handed out are taken from below the kernel's ephemeral range (32768-60999 by default) and below
+# Kubernetes' NodePorts (30000-32767): a port the kernel picked for `bind(0)` is also one it hands to the
+# next outgoing connection, so a server started a moment later could find it taken. Here only a process
+# that binds explicitly can collide, and the bind check below sees one that already has.
+_PORTS = range(20000, 30000)
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = NODE_IP) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port on `host` nothing listens on now, that no outgoing connection will take meanwhile."""
+    for _ in range(200):
+        port = random.choice(_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise StackError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1} on {host}")
 
 
 def port_open(port: int, host: str = NODE_IP) -> bool:

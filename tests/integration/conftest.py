@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from fibers_stack import StackInfo, namespaces, platform_resources
+from fibers_stack import StackInfo, namespaces, platform_resources, process
 from fibers_stack.namespaces import CONSUMER_SERVICE_ACCOUNT, JOBS_SERVICE_ACCOUNT
 from tests.helpers import Resources, wait_for
 
@@ -67,9 +66,8 @@ def mongo_secret(kube: ApiClient, namespace: str, stack_info: StackInfo) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on now, outside the range outgoing connections take theirs from."""
+    return process.free_port("127.0.0.1")
 
 
 def scrape(port: int, series: str, /, **labels: str) -> list[float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from fibers.consumer.telemetry import Snapshot, Telemetry
 from fibers.databus import instances
 from fibers.databus.report import decide, stopped_instances, which_instance
+from fibers_stack import process
 
 STS_UID = "sts-uid"
 
@@ -40,9 +40,7 @@ def serving(waiting_since: float | None) -> int:
         attempt=0,
         api_waiting_since=waiting_since,
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = process.free_port("127.0.0.1")
     Telemetry(f"c{port}", lambda: snapshot).serve(port)
     return port
 
@@ -67,9 +65,7 @@ def test_a_not_ready_instance_of_the_statefulset_is_asked_why_and_no_other_pod_i
 
 def test_an_instance_that_is_ready_or_does_not_answer_gives_no_reason() -> None:
     port = serving(None)  # answers 200
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = int(s.getsockname()[1])
+    closed = process.free_port("127.0.0.1")
     assert asyncio.run(instances.unready_reasons([pod("orders-0", ready=False)], STS_UID, port)) == ""
     assert asyncio.run(instances.unready_reasons([pod("orders-0", ready=False)], STS_UID, closed)) == ""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fibers.consumer.telemetry import SinkFigures, Snapshot, Telemetry, Timeline
+from fibers_stack import process
 
 
 def samples(telemetry: Telemetry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -106,9 +106,7 @@ def test_ready_until_the_api_server_has_not_taken_checkpoints_for_a_while_and_me
     )
     current = [base]
     telemetry = Telemetry("orders-view", lambda: current[0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = process.free_port("127.0.0.1")
     telemetry.serve(port)
 
     def get(path: str) -> tuple[int, str]:
