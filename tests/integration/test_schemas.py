@@ -236,6 +236,32 @@ def test_a_look_that_cannot_choose_its_registry_keeps_what_the_schema_recorded(
     schemas.delete(name)
 
 
+def test_a_subject_managed_through_a_registry_whose_url_moves_is_not_managed_on_the_new_server(
+    schemas: Resources, registry: httpx.Client, kube: ApiClient, stack_info: StackInfo, unique: str
+) -> None:
+    """A SchemaRegistry's url changed (a migration, an edit): the Schemas through it found `managed` by the
+    SchemaRegistry's name and took the same subject on the new server for theirs — registered over it and,
+    with deletionPolicy Delete, deleted it, though another team may keep it there. Here the new url is
+    Apicurio's older API path (the same store, a server to the operator that cannot know it), so the
+    subject it would delete is the one this test can see."""
+    subject, name, moving = f"{unique}-value", f"{unique}-moved", f"{unique}-moving"
+    base = stack_info.registry_url
+    platform_resources.apply(kube, moving, base + apicurio.CCOMPAT, plural=platform_resources.SCHEMA_REGISTRIES)
+    try:
+        schemas.create(name, {"subject": subject, "schema": avro(ID), "registry": moving, "deletionPolicy": "Delete"})
+        schemas.wait_condition(name, "True", "Registered")
+        assert schemas.status(name)["registryUrl"] == base + apicurio.CCOMPAT
+        platform_resources.apply(kube, moving, base + "/apis/ccompat/v6", plural=platform_resources.SCHEMA_REGISTRIES)
+        cond = schemas.wait_condition(name, "False", "SubjectExists")
+        assert f"managed the subject on {base}{apicurio.CCOMPAT}" in cond["message"]
+        assert schemas.status(name)["managed"] is True  # of the old server: true again should the url come back
+        schemas.delete(name)
+        wait_for(lambda: not schemas.exists(name), timeout=60, what="gone")
+        assert versions(registry, subject) == [1]  # not deleted through the new url
+    finally:
+        platform_resources.delete(kube, moving, plural=platform_resources.SCHEMA_REGISTRIES)
+
+
 def test_drift_is_reported(schemas: Resources, registry: httpx.Client, unique: str) -> None:
     subject = f"{unique}-value"
     schemas.create(unique, {"subject": subject, "schema": avro(ID), "compatibility": "NONE"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fibers.credentials import HttpAuth, SecretKey
+from fibers.schemas import plan
 from fibers.schemas.spec import (
     Claim,
     RegistryNotChosen,
@@ -14,6 +15,7 @@ from fibers.schemas.spec import (
     owner,
     parse_registry,
     parse_schema,
+    same_registry,
 )
 
 A = RegistrySpec("a", "http://a/apis/ccompat/v7", default=False)
@@ -89,6 +91,50 @@ def test_two_schema_registries_declared_for_one_registry_share_its_subjects() ->
     later = Claim("2026-02-01T00:00:00Z", "team-b", "orders", "team-b-registry")
     where = {"team-a-registry": "http://apicurio/apis/ccompat/v7", "team-b-registry": "http://apicurio/apis/ccompat/v7"}
     assert owner([later, first], "http://apicurio/apis/ccompat/v7", where) == first
+
+
+def test_two_spellings_of_one_registry_url_share_its_subjects() -> None:
+    """Declared once as `http://Apicurio:80/.../v7/` and once as `http://apicurio/.../v7`: compared as text,
+    a Schema through the second took over a subject a Schema through the first held."""
+    first = Claim("2026-01-01T00:00:00Z", "team-a", "orders", "team-a-registry")
+    later = Claim("2026-02-01T00:00:00Z", "team-b", "orders", "team-b-registry")
+    where = {
+        "team-a-registry": "http://Apicurio:80/apis/ccompat/v7/",
+        "team-b-registry": "http://apicurio/apis/ccompat/v7",
+    }
+    assert owner([later, first], "http://apicurio/apis/ccompat/v7", where) == first
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ("HTTP://Registry.Example:80/apis/ccompat/v7/", "http://registry.example/apis/ccompat/v7", True),
+        ("https://r.example:443/x", "https://r.example/x", True),
+        ("https://user:pw@r.example/x", "https://r.example/x", True),  # and no password in the normal form
+        ("http://r.example:8080/x", "http://r.example/x", False),
+        ("https://r.example/x", "http://r.example/x", False),
+        ("http://r.example/apis/ccompat/v6", "http://r.example/apis/ccompat/v7", False),
+        ("http://[::1]:8080/x", "http://[::1]:8080/x/", True),
+    ],
+)
+def test_a_registry_url_in_its_normal_form(one: str, other: str, same: bool) -> None:
+    assert (same_registry(one) == same_registry(other)) is same
+    assert "pw" not in same_registry(one)
+
+
+def test_a_subject_is_managed_on_the_server_it_was_registered_on_not_under_a_registrys_name() -> None:
+    status = {"managed": True, "subject": "orders", "registry": "shared", "registryUrl": "http://old/apis/ccompat/v7"}
+    assert plan.managed(status, "orders", RegistrySpec("shared", "http://OLD:80/apis/ccompat/v7/", default=False))
+    moved = RegistrySpec("shared", "http://new/apis/ccompat/v7", default=False)
+    assert not plan.managed(status, "orders", moved)
+    assert plan.moved(status, moved) == "http://old/apis/ccompat/v7"
+    refused = plan.refusal(
+        parse_schema({"subject": "orders", "schema": "{}"}), moved, "orders", [1], False, "http://old"
+    )
+    assert refused is not None and refused[0] == "SubjectExists" and "on http://old" in refused[1]
+    # A status written before registryUrl was recorded: its registry's name stands for the server.
+    legacy = {"managed": True, "subject": "orders", "registry": "shared"}
+    assert plan.managed(legacy, "orders", moved) and plan.moved(legacy, moved) is None
 
 
 def test_a_registry_with_a_namespace_selector_refuses_other_namespaces() -> None:

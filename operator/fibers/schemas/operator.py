@@ -15,7 +15,7 @@ from fibers.api import object_ref
 from fibers.conditions import READY, RECONCILING, Condition, format_time, utcnow
 from fibers.kube import Kube, describe
 from fibers.registries import KIND as REGISTRY_KIND
-from fibers.schemas import steps
+from fibers.schemas import plan, steps
 from fibers.schemas.ccompat import RegistryClient, RegistryError, RegistryUnreachable
 from fibers.schemas.settings import SchemaSettings
 from fibers.schemas.spec import (
@@ -184,6 +184,14 @@ class SchemaOperator:
         registry = by_name.get(status.get("registry", ""))
         if registry is None:
             log.warning("SchemaRegistry %s is gone: subject %s kept", status.get("registry"), spec.subject)
+            return
+        if not plan.same_server(status, registry):  # what is at the new url was never this resource's
+            log.warning(
+                "SchemaRegistry %s now points to another server: subject %s kept on both",
+                registry.name,
+                spec.subject,
+                extra={"managed_at": status.get("registryUrl")},
+            )
             return
         deleted = await (await self.client(registry)).delete_subject(spec.subject)  # unreachable: kopf retries
         log.info("subject soft-deleted", extra={"subject": spec.subject, "versions": deleted})

@@ -19,7 +19,7 @@ from typing import Any
 from fibers.conditions import Condition, ready, stalled
 from fibers.schemas import plan
 from fibers.schemas.ccompat import INVALID_SCHEMA, RegistryClient, RegistryError
-from fibers.schemas.spec import RegistrySpec, SchemaSpec
+from fibers.schemas.spec import RegistrySpec, SchemaSpec, same_registry
 
 
 @dataclass
@@ -38,18 +38,21 @@ async def reconcile(
     subject = spec.subject
     out = Outcome(status={"registry": registry.name, "subject": subject})
     own: list[int] = [int(v) for v in previous.get("registeredVersions") or []]
-    managed = plan.managed(previous, subject, registry.name)
+    managed = plan.managed(previous, subject, registry)
 
     # 1. ownership
     versions = await client.versions(subject)
-    refusal = plan.refusal(spec, registry, subject, versions, managed)
+    moved_from = plan.moved(previous, registry)
+    refusal = plan.refusal(spec, registry, subject, versions, managed, moved_from)
     if refusal:
         out.conditions = stalled(*refusal)
         out.status["versions"] = versions
+        if moved_from:  # still true of the server it names, should the registry's url be put back
+            out.status.update(plan.on_server(previous))
         return out
     if not managed:
         own = []  # a subject taken over (new, or adopted): nothing of it was registered by this resource
-    out.status["managed"] = True
+    out.status.update(managed=True, registryUrl=same_registry(registry.url))
 
     # 2. compatibility (a new subject gets its level right after its first version: Apicurio keeps no
     #    subject rule before the subject exists, and the first version has nothing to be compatible with)
