@@ -26,25 +26,35 @@ class StackError(RuntimeError):
 # Ports handed out are taken from below the kernel's ephemeral range (32768-60999 by default) and below
 # Kubernetes' NodePorts (30000-32767): a port the kernel picked for `bind(0)` is also one it hands to the
 # next outgoing connection, so a server started a moment later could find it taken. Here only a process
-# that binds explicitly can collide, and the bind check below sees one that already has.
-_PORTS = range(20000, 30000)
+# that binds explicitly can collide, and the bind check below sees one that already has. (`_handed_out`
+# keeps one process from handing a port out twice; two processes picking at once rely on the range's size.)
+def _port_range() -> range:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(20000, min(30000, low)) if low > 21000 else range(20000, 30000)
+
+
+_PORTS = _port_range()
 _handed_out: set[int] = set()
 
 
 def free_port(host: str = NODE_IP) -> int:
-    """A port on `host` nothing listens on now, that no outgoing connection will take meanwhile."""
+    """A port nothing listens on now, on `host` or any other address (servers given one bind the
+    wildcard, some), that no outgoing connection will take meanwhile."""
     for _ in range(200):
         port = random.choice(_PORTS)
         if port in _handed_out:
             continue
         with socket.socket() as s:
             try:
-                s.bind((host, port))
+                s.bind(("", port))  # refused if anything holds the port on any address
             except OSError:
                 continue
         _handed_out.add(port)
         return port
-    raise StackError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1} on {host}")
+    raise StackError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1} for {host}")
 
 
 def port_open(port: int, host: str = NODE_IP) -> bool:

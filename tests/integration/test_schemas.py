@@ -236,28 +236,42 @@ def test_a_look_that_cannot_choose_its_registry_keeps_what_the_schema_recorded(
     schemas.delete(name)
 
 
-def test_a_subject_managed_through_a_registry_whose_url_moves_is_not_managed_on_the_new_server(
+def test_a_subject_is_managed_on_the_server_it_was_registered_on_whatever_its_registry_is_called(
     schemas: Resources, registry: httpx.Client, kube: ApiClient, stack_info: StackInfo, unique: str
 ) -> None:
     """A SchemaRegistry's url changed (a migration, an edit): the Schemas through it found `managed` by the
-    SchemaRegistry's name and took the same subject on the new server for theirs — registered over it and,
-    with deletionPolicy Delete, deleted it, though another team may keep it there. Here the new url is
-    Apicurio's older API path (the same store, a server to the operator that cannot know it), so the
-    subject it would delete is the one this test can see."""
+    SchemaRegistry's name and took the subject at the new url for theirs whatever it held — registered over
+    it and, with deletionPolicy Delete, deleted it, though another team may keep it there. Apicurio's older
+    API path stands in for a second server: a new url to the operator, over the same store."""
     subject, name, moving = f"{unique}-value", f"{unique}-moved", f"{unique}-moving"
-    base = stack_info.registry_url
-    platform_resources.apply(kube, moving, base + apicurio.CCOMPAT, plural=platform_resources.SCHEMA_REGISTRIES)
+    v7, v6 = stack_info.registry_url + apicurio.CCOMPAT, stack_info.registry_url + "/apis/ccompat/v6"
+    platform_resources.apply(kube, moving, v7, plural=platform_resources.SCHEMA_REGISTRIES)
     try:
         schemas.create(name, {"subject": subject, "schema": avro(ID), "registry": moving, "deletionPolicy": "Delete"})
         schemas.wait_condition(name, "True", "Registered")
-        assert schemas.status(name)["registryUrl"] == base + apicurio.CCOMPAT
-        platform_resources.apply(kube, moving, base + "/apis/ccompat/v6", plural=platform_resources.SCHEMA_REGISTRIES)
+        assert schemas.status(name)["registryUrl"] == v7
+        # A new url where the subject holds what this resource registered: the same store, still its own.
+        platform_resources.apply(kube, moving, v6, plural=platform_resources.SCHEMA_REGISTRIES)
+        schemas.wait_status(name, lambda s: s.get("registryUrl") == v6, timeout=60, what="managed at the new url")
+        assert schemas.condition(name)["reason"] == "Registered"
+
+        # A new url where the subject holds something else: not this resource's (paused while it is staged).
+        schemas.patch(name, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": "true"}}})
+        schemas.wait_paused(name)
+        assert registry.delete(f"/subjects/{subject}").status_code == 200
+        assert registry.delete(f"/subjects/{subject}", params={"permanent": "true"}).status_code == 200
+        assert (
+            registry.post(f"/subjects/{subject}/versions", json={"schema": avro(ID, name="Other")}).status_code == 200
+        )
+        theirs = versions(registry, subject)
+        platform_resources.apply(kube, moving, v7, plural=platform_resources.SCHEMA_REGISTRIES)
+        schemas.patch(name, {"metadata": {"annotations": {"fibers.dev/paused-reconciliation": None}}})
         cond = schemas.wait_condition(name, "False", "SubjectExists")
-        assert f"managed the subject on {base}{apicurio.CCOMPAT}" in cond["message"]
-        assert schemas.status(name)["managed"] is True  # of the old server: true again should the url come back
+        assert f"managed the subject on {v6}" in cond["message"]
+        assert versions(registry, subject) == theirs
         schemas.delete(name)
         wait_for(lambda: not schemas.exists(name), timeout=60, what="gone")
-        assert versions(registry, subject) == [1]  # not deleted through the new url
+        assert versions(registry, subject) == theirs  # not deleted through the new url
     finally:
         platform_resources.delete(kube, moving, plural=platform_resources.SCHEMA_REGISTRIES)
 

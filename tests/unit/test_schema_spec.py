@@ -125,16 +125,27 @@ def test_a_registry_url_in_its_normal_form(one: str, other: str, same: bool) -> 
 def test_a_subject_is_managed_on_the_server_it_was_registered_on_not_under_a_registrys_name() -> None:
     status = {"managed": True, "subject": "orders", "registry": "shared", "registryUrl": "http://old/apis/ccompat/v7"}
     assert plan.managed(status, "orders", RegistrySpec("shared", "http://OLD:80/apis/ccompat/v7/", default=False))
+    assert plan.managed(status, "orders", RegistrySpec("renamed", "http://old/apis/ccompat/v7", default=False))
     moved = RegistrySpec("shared", "http://new/apis/ccompat/v7", default=False)
     assert not plan.managed(status, "orders", moved)
-    assert plan.moved(status, moved) == "http://old/apis/ccompat/v7"
+    assert plan.moved(status, "orders", moved) == "http://old/apis/ccompat/v7"
+    assert plan.moved(status, "payments", moved) is None  # what it managed there was another subject
     refused = plan.refusal(
         parse_schema({"subject": "orders", "schema": "{}"}), moved, "orders", [1], False, "http://old"
     )
     assert refused is not None and refused[0] == "SubjectExists" and "on http://old" in refused[1]
     # A status written before registryUrl was recorded: its registry's name stands for the server.
     legacy = {"managed": True, "subject": "orders", "registry": "shared"}
-    assert plan.managed(legacy, "orders", moved) and plan.moved(legacy, moved) is None
+    assert plan.managed(legacy, "orders", moved) and plan.moved(legacy, "orders", moved) is None
+    assert not plan.managed(legacy, "orders", RegistrySpec("other", "http://old/apis/ccompat/v7", default=False))
+
+
+def test_a_new_url_of_the_same_store_is_recognised_by_what_the_schema_registered_there() -> None:
+    status = {"managed": True, "subject": "orders", "version": 2, "id": 41, "registeredVersions": [1, 2]}
+    assert plan.same_store(status, [1, 2, 3], (2, 41))
+    assert not plan.same_store(status, [1, 2], (2, 7))  # spec.schema there, under another id: another server
+    assert not plan.same_store(status, [2], (2, 41))  # a version it registered is not there
+    assert not plan.same_store({**status, "registeredVersions": []}, [1, 2], (2, 41))
 
 
 def test_a_registry_with_a_namespace_selector_refuses_other_namespaces() -> None:

@@ -9,30 +9,40 @@ from fibers.schemas.spec import RegistrySpec, SchemaSpec, same_registry
 
 
 def managed(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> bool:
-    """This resource registered versions of this subject on this registry before (its status says so).
-    The registry is the server, not the SchemaRegistry's name: once a SchemaRegistry's url points
-    elsewhere, the subject there is one this resource never registered, and treating it as managed would
-    register over, and with deletionPolicy Delete delete, what another team keeps on that server."""
-    return (
-        bool(previous.get("managed"))
-        and previous.get("subject") == subject
-        and previous.get("registry") == registry.name
-        and same_server(previous, registry)
-    )
+    """This resource registered versions of this subject on this registry's server before (its status says
+    so). The server, not the SchemaRegistry's name: once a SchemaRegistry's url leads elsewhere, the subject
+    there is one this resource never registered, and taking it for managed would register over, and with
+    deletionPolicy Delete delete, what another team keeps on that server. (A status written before
+    `registryUrl` was recorded names only its SchemaRegistry, which stands for the server.)"""
+    if not (previous.get("managed") and previous.get("subject") == subject):
+        return False
+    if "registryUrl" in previous:
+        return bool(previous["registryUrl"] == same_registry(registry.url))
+    return bool(previous.get("registry") == registry.name)
 
 
 def same_server(previous: dict[str, Any], registry: RegistrySpec) -> bool:
-    """The server the status recorded (`registryUrl`) is the registry's now; a status written before the
-    field existed recorded none, and its name stands for it."""
+    """The server the status recorded is the registry's now (or the status recorded none)."""
     recorded = previous.get("registryUrl")
     return recorded is None or recorded == same_registry(registry.url)
 
 
-def moved(previous: dict[str, Any], registry: RegistrySpec) -> str | None:
-    """The server this resource managed its subject on, when the registry's URL no longer leads there."""
-    if previous.get("managed") and not same_server(previous, registry):
+def moved(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> str | None:
+    """The server this resource managed this subject on, when the registry's url no longer leads there."""
+    if previous.get("managed") and previous.get("subject") == subject and not same_server(previous, registry):
         return str(previous["registryUrl"])
     return None
+
+
+def same_store(previous: dict[str, Any], versions: list[int], found: tuple[int, int]) -> bool:
+    """A registry reached at a new url holds what this resource registered at the old one: every version it
+    registered, and spec.schema (`found`: its version and id as the new url answers them, matched by
+    content) as the version it recorded under the same global id. The same store under another name (a
+    Service's full name, https, another API path), where the subject is still this resource's; a server
+    that merely has a subject of the name has neither the content nor, but by chance, the ids. (A spec
+    changed along with the url is not recognised: the subject is then refused until adopted.)"""
+    own = [int(v) for v in previous.get("registeredVersions") or []]
+    return bool(own) and set(own) <= set(versions) and found == (previous.get("version"), previous.get("id"))
 
 
 def refusal(

@@ -109,7 +109,10 @@ def same_registry(url: str) -> str:
     telling them apart needs DNS, and the platform team declares both.)"""
     parts = urlsplit(url.strip())
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
-    port = parts.port if parts.port not in ({"http": 80, "https": 443}.get(scheme), None) else None
+    try:
+        port = parts.port if parts.port not in ({"http": 80, "https": 443}.get(scheme), None) else None
+    except ValueError:  # not a port number: the registry cannot be reached at it anyway; its text stands
+        return url.strip()
     netloc = f"[{host}]" if ":" in host else host
     netloc += f":{port}" if port else ""
     return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))

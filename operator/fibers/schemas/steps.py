@@ -42,7 +42,10 @@ async def reconcile(
 
     # 1. ownership
     versions = await client.versions(subject)
-    moved_from = plan.moved(previous, registry)
+    moved_from = plan.moved(previous, subject, registry)
+    same = await client.lookup(subject, spec.payload()) if moved_from else None
+    if same and plan.same_store(previous, versions, (same.version, same.id)):  # a new url, the same store
+        managed, moved_from = True, None
     refusal = plan.refusal(spec, registry, subject, versions, managed, moved_from)
     if refusal:
         out.conditions = stalled(*refusal)
