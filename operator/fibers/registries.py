@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from fibers.credentials import HttpAuth, parse_http_auth
 from fibers.selectors import selector_matches
@@ -90,3 +91,20 @@ def _choose(requested: str | None, registries: Iterable[RegistrySpec], operator_
     if not marked:
         raise RegistryNotChosen("spec.registry is not set and no SchemaRegistry is marked default")
     raise RegistryNotChosen(f"spec.registry is not set and several SchemaRegistries are marked default: {marked}")
+
+
+def same_registry(url: str) -> str:
+    """A registry URL in the one form two spellings of it share: scheme and host in lower case, no default
+    port, no trailing slash. `http://Apicurio:80/apis/ccompat/v7/` and `http://apicurio/apis/ccompat/v7`
+    are one registry; compared as text they were two, and a Schema through the second took over subjects
+    held through the first. (Two host names of one server, a Service's short and full names, stay two:
+    telling them apart needs DNS, and the platform team declares both.)"""
+    parts = urlsplit(url.strip())
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    try:
+        port = parts.port if parts.port not in ({"http": 80, "https": 443}.get(scheme), None) else None
+    except ValueError:  # not a port number: the registry cannot be reached at it anyway; its text stands
+        return url.strip()
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{port}" if port else ""
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))

@@ -5,10 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, RegistrySpec, choose_registry, needs_namespace, parse_registry
+from fibers.registries import (
+    RegistryNotChosen,
+    RegistrySpec,
+    choose_registry,
+    needs_namespace,
+    parse_registry,
+    same_registry,
+)
 
 __all__ = [
     "REGISTRIES",
@@ -99,20 +105,3 @@ def owner(claims: Iterable[Claim], location: str, where: Mapping[str | None, str
     here = same_registry(location)
     same = [c for c in claims if c.registry in where and same_registry(where[c.registry]) == here]
     return min(same, default=None)
-
-
-def same_registry(url: str) -> str:
-    """A registry URL in the one form two spellings of it share: scheme and host in lower case, no default
-    port, no trailing slash. `http://Apicurio:80/apis/ccompat/v7/` and `http://apicurio/apis/ccompat/v7`
-    are one registry; compared as text they were two, and a Schema through the second took over subjects
-    held through the first. (Two host names of one server, a Service's short and full names, stay two:
-    telling them apart needs DNS, and the platform team declares both.)"""
-    parts = urlsplit(url.strip())
-    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
-    try:
-        port = parts.port if parts.port not in ({"http": 80, "https": 443}.get(scheme), None) else None
-    except ValueError:  # not a port number: the registry cannot be reached at it anyway; its text stands
-        return url.strip()
-    netloc = f"[{host}]" if ":" in host else host
-    netloc += f":{port}" if port else ""
-    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
