@@ -23,6 +23,9 @@ For each N (100, 500 and 1,000 by default), in one run on the local stack:
 The last line printed is one JSON object with every figure.
 
     .venv/bin/python -m bench.connect_scale [--sizes 100,500,1000] [--interval 10] [--rounds 5]
+
+At N=5,000 the stack's Connect needs a larger heap and a second worker (one process may keep 20,000 files
+open here): start the stack with `FIBERS_CONNECT_HEAP=3g FIBERS_CONNECT_WORKERS=2`.
 """
 
 from __future__ import annotations
@@ -457,7 +460,8 @@ def main() -> int:
     source = workdir / "source.txt"
     source.write_text("".join(f"line {i}\n" for i in range(10)))
     proxy = CountingProxy(info.connect_url, workdir / "proxy-journal.txt")
-    pids = {name: info.pids[name] for name in CHARGED}
+    # Each of Connect's workers apart (FIBERS_CONNECT_WORKERS starts more than one: see fibers_stack.kafka).
+    pids = {name: pid for name, pid in info.pids.items() if name in CHARGED or name.startswith("kafka-connect-")}
     proxy_url = proxy.start()
     results: dict[str, Any] = {"interval_seconds": args.interval}
     with httpx.Client(base_url=proxy_url, timeout=60) as connect:  # both paths go through the proxy

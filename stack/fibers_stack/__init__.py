@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,7 @@ STOP_ORDER = (
     "prometheus-discovery",
     "prometheus",
     "kafka-connect",
+    *(f"kafka-connect-{n}" for n in range(2, kafka.MAX_CONNECT_WORKERS + 1)),
     "apicurio",
     "kafka",
     "ferretdb",
@@ -408,7 +410,8 @@ def _orphans(root: Path) -> StackInfo | None:
         if not any(str(root) in arg for arg in argv):
             continue
         if any("ConnectDistributed" in arg for arg in argv):
-            name = "kafka-connect"
+            workers = [m.group(1) for arg in argv if (m := re.search(r"connect-distributed-(\d+)\.properties$", arg))]
+            name = f"kafka-connect-{workers[0]}" if workers else "kafka-connect"  # a worker beyond the first
         elif "kafka.Kafka" in argv:
             name = "kafka"
         elif any(Path(arg).name.startswith("apicurio-registry-app-") and arg.endswith("-runner.jar") for arg in argv):

@@ -11,6 +11,7 @@ import os
 import ssl
 import subprocess
 import uuid
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -46,11 +47,28 @@ logger.connect.level = WARN
 # The Connect worker's heap. 1 GiB holds the tests and connect_scale to N=1,000; it is full at ~2,200
 # FileStreamSource connectors (each task keeps a producer), so a larger run sets FIBERS_CONNECT_HEAP (e.g. 3g).
 CONNECT_HEAP = "1g"
+# Workers in the stack's Connect cluster (one group). One holds the tests; a process may keep at most 20,000
+# files open here (a hard limit), and each running FileStreamSource task keeps ~4 (its producer's selector
+# and sockets), so connect_scale at N=5,000 sets FIBERS_CONNECT_WORKERS=2 and each worker runs half the tasks.
+CONNECT_WORKERS = 1
+MAX_CONNECT_WORKERS = 4
 
 
 def _properties(path: Path, values: dict[str, object]) -> Path:
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return path
+
+
+def _read_properties(path: Path) -> dict[str, object]:
+    return {k: v for k, _, v in (line.partition("=") for line in path.read_text().splitlines() if "=" in line)}
+
+
+def connect_workers() -> int:
+    """How many workers the stack's Connect cluster runs (FIBERS_CONNECT_WORKERS, 1 to MAX_CONNECT_WORKERS)."""
+    wanted = int(os.environ.get("FIBERS_CONNECT_WORKERS", CONNECT_WORKERS))
+    if not 1 <= wanted <= MAX_CONNECT_WORKERS:
+        raise StackError(f"FIBERS_CONNECT_WORKERS={wanted}: 1 to {MAX_CONNECT_WORKERS} workers")
+    return wanted
 
 
 def _java(lib: Path, home: Path, heap: str, main: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
@@ -186,6 +204,13 @@ def start(launcher: Launcher) -> dict[str, str]:
     heap = os.environ.get("FIBERS_CONNECT_HEAP", CONNECT_HEAP)
     launcher.spawn("kafka-connect", _java(lib, home, heap, main, str(worker), options=options))
     launcher.wait("kafka-connect", lambda: _connect_ready(connect_url), timeout=180)
+    for n in range(2, connect_workers() + 1):  # more workers of the same group: http only, found by the first
+        url = f"http://{NODE_IP}:{free_port()}"
+        more = {k: v for k, v in _read_properties(worker).items() if not k.startswith("listeners.https.")}
+        more.update({"listeners": url, "rest.advertised.port": url.rsplit(":", 1)[1]})
+        conf = _properties(home / f"connect-distributed-{n}.properties", more)
+        launcher.spawn(f"kafka-connect-{n}", _java(lib, home, heap, main, str(conf), options=options))
+        launcher.wait(f"kafka-connect-{n}", partial(_connect_ready, url), timeout=180)
     launcher.wait("kafka-connect", lambda: _tls_ready(connect_tls_url, ca), timeout=30)
     return {
         "kafka_bootstrap": bootstrap,
