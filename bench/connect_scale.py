@@ -127,6 +127,16 @@ def _serve(upstream: str, count: Any, port: Any, journal: Path) -> None:
 # The stack's processes (their names in `StackInfo.pids`) whose CPU a phase is charged with: what the
 # operator's path costs the machine beyond Connect's own work (the API server and etcd store the resources,
 # their claims and statuses).
+# How long a phase may take before the run gives up: Connect starts tasks more slowly as it holds more of
+# them (at N=5,000 on two workers ~1.5 tasks/s at the end, all RUNNING after ~25 min), so it grows with N.
+PATIENCE_SECONDS = 900
+PATIENCE_SECONDS_PER_CONNECTOR = 0.8
+
+
+def patience(n: int) -> float:
+    return max(PATIENCE_SECONDS, n * PATIENCE_SECONDS_PER_CONNECTOR)
+
+
 CHARGED = ("kafka-connect", "kafka", "kube-apiserver", "etcd")
 
 
@@ -237,12 +247,12 @@ def floor_run(
             sorted(names),
         ):
             response.raise_for_status()
-    wait(lambda: all_running(connect, names), 900, "floor connectors RUNNING")
+    wait(lambda: all_running(connect, names), patience(n), "floor connectors RUNNING")
     elapsed = time.monotonic() - started
     parts = breakdown(journal, started, started + elapsed) | {"cpu_s": phase.cpu()}
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda name: connect.delete(f"/connectors/{name}"), names))
-    wait(lambda: not names & set(connect.get("/connectors").json()), 300, "floor connectors deleted")
+    wait(lambda: not names & set(connect.get("/connectors").json()), patience(n), "floor connectors deleted")
     return elapsed, parts
 
 
@@ -354,7 +364,7 @@ def operator_run(
                     range(n),
                 )
             )
-        if not all_ready.wait(900):
+        if not all_ready.wait(patience(n)):
             raise TimeoutError("all Connect resources Ready")
         ready_seconds = time.monotonic() - started
         figures: dict[str, Any] = {
@@ -363,7 +373,7 @@ def operator_run(
         }
         say(f"N={n}: all Ready after {ready_seconds:.1f}s: {json.dumps(figures['breakdown'])}")
         if not steady_state:
-            delete_all(custom, namespace)
+            delete_all(custom, namespace, n)
             return figures
         say(f"N={n}: measuring the steady state for 3 intervals")
         time.sleep(interval * 3)  # let the fast interval wind down (topics of new connectors are learnt first)
@@ -376,7 +386,7 @@ def operator_run(
         polling = polling_loop_calls(proxy_url, names, proxy)
         scraped = scrape_figures(port)
         say(f"N={n}: cleaning up")
-        delete_all(custom, namespace)
+        delete_all(custom, namespace, n)
         time.sleep(2)  # the last deletions' handlers
         return (
             figures
@@ -421,11 +431,11 @@ def scrape_figures(port: int) -> dict[str, Any]:
     }
 
 
-def delete_all(custom: client.CustomObjectsApi, namespace: str) -> None:
+def delete_all(custom: client.CustomObjectsApi, namespace: str, n: int) -> None:
     custom.delete_collection_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")
     wait(
         lambda: not custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")["items"],
-        900,
+        patience(n),
         "resources deleted",
     )
 
