@@ -108,3 +108,8 @@ def same_registry(url: str) -> str:
     netloc = f"[{host}]" if ":" in host else host
     netloc += f":{port}" if port else ""
     return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+
+
+def leads_to(registry: RegistrySpec, recorded: str | None) -> bool:
+    """The registry's url leads to the server a status recorded (`same_registry` form), or none was recorded."""
+    return recorded is None or recorded == same_registry(registry.url)

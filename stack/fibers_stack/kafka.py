@@ -59,10 +59,6 @@ def _properties(path: Path, values: dict[str, object]) -> Path:
     return path
 
 
-def _read_properties(path: Path) -> dict[str, object]:
-    return {k: v for k, _, v in (line.partition("=") for line in path.read_text().splitlines() if "=" in line)}
-
-
 def connect_workers() -> int:
     """How many workers the stack's Connect cluster runs (FIBERS_CONNECT_WORKERS, 1 to MAX_CONNECT_WORKERS)."""
     wanted = int(os.environ.get("FIBERS_CONNECT_WORKERS", CONNECT_WORKERS))
@@ -167,37 +163,35 @@ def start(launcher: Launcher) -> dict[str, str]:
     # A second REST listener over TLS (its own CA), for ConnectClusters with spec.tls; workers talk over http.
     keystore, ca = _rest_tls(home)
     connect_tls_url = f"https://{NODE_IP}:{free_port()}"
-    worker = _properties(
-        home / "connect-distributed.properties",
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "fibers-connect",
-            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-            "key.converter.schemas.enable": "false",
-            "value.converter.schemas.enable": "false",
-            "config.storage.topic": "connect-configs",
-            "config.storage.replication.factor": 1,
-            "offset.storage.topic": "connect-offsets",
-            "offset.storage.replication.factor": 1,
-            "offset.storage.partitions": 1,
-            "status.storage.topic": "connect-status",
-            "status.storage.replication.factor": 1,
-            "status.storage.partitions": 1,
-            "offset.flush.interval.ms": 1000,
-            "listeners": f"{connect_url},{connect_tls_url}",
-            "rest.advertised.listener": "http",
-            "listeners.https.ssl.keystore.type": "PKCS12",
-            "listeners.https.ssl.keystore.location": keystore,
-            "listeners.https.ssl.keystore.password": KEYSTORE_PASSWORD,
-            "listeners.https.ssl.key.password": KEYSTORE_PASSWORD,
-            "listeners.https.ssl.client.auth": "none",
-            "rest.advertised.host.name": NODE_IP,
-            "rest.advertised.port": rest_port,
-            "plugin.path": f"{plugins},{converters}",
-            "scheduled.rebalance.max.delay.ms": 0,
-        },
-    )
+    settings: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": "fibers-connect",
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        "config.storage.topic": "connect-configs",
+        "config.storage.replication.factor": 1,
+        "offset.storage.topic": "connect-offsets",
+        "offset.storage.replication.factor": 1,
+        "offset.storage.partitions": 1,
+        "status.storage.topic": "connect-status",
+        "status.storage.replication.factor": 1,
+        "status.storage.partitions": 1,
+        "offset.flush.interval.ms": 1000,
+        "listeners": f"{connect_url},{connect_tls_url}",
+        "rest.advertised.listener": "http",
+        "listeners.https.ssl.keystore.type": "PKCS12",
+        "listeners.https.ssl.keystore.location": keystore,
+        "listeners.https.ssl.keystore.password": KEYSTORE_PASSWORD,
+        "listeners.https.ssl.key.password": KEYSTORE_PASSWORD,
+        "listeners.https.ssl.client.auth": "none",
+        "rest.advertised.host.name": NODE_IP,
+        "rest.advertised.port": rest_port,
+        "plugin.path": f"{plugins},{converters}",
+        "scheduled.rebalance.max.delay.ms": 0,
+    }
+    worker = _properties(home / "connect-distributed.properties", settings)
     # Connectors reach servers by the cluster names users give them (`services`), as an in-cluster worker would.
     hosts = services.hosts_file(home / "hosts")
     main, options = "org.apache.kafka.connect.cli.ConnectDistributed", (f"-Djdk.net.hosts.file={hosts}",)
@@ -206,7 +200,7 @@ def start(launcher: Launcher) -> dict[str, str]:
     launcher.wait("kafka-connect", lambda: _connect_ready(connect_url), timeout=180)
     for n in range(2, connect_workers() + 1):  # more workers of the same group: http only, found by the first
         url = f"http://{NODE_IP}:{free_port()}"
-        more = {k: v for k, v in _read_properties(worker).items() if not k.startswith("listeners.https.")}
+        more = {k: v for k, v in settings.items() if not k.startswith("listeners.https.")}
         more.update({"listeners": url, "rest.advertised.port": url.rsplit(":", 1)[1]})
         conf = _properties(home / f"connect-distributed-{n}.properties", more)
         launcher.spawn(f"kafka-connect-{n}", _java(lib, home, heap, main, str(conf), options=options))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fibers.schemas.spec import RegistrySpec, SchemaSpec, same_registry
+from fibers.registries import leads_to
+from fibers.schemas.spec import RegistrySpec, SchemaSpec
 
 
 def managed(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> bool:
@@ -17,14 +18,13 @@ def managed(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> b
     if not (previous.get("managed") and previous.get("subject") == subject):
         return False
     if "registryUrl" in previous:
-        return bool(previous["registryUrl"] == same_registry(registry.url))
+        return same_server(previous, registry)
     return bool(previous.get("registry") == registry.name)
 
 
 def same_server(previous: dict[str, Any], registry: RegistrySpec) -> bool:
     """The server the status recorded is the registry's now (or the status recorded none)."""
-    recorded = previous.get("registryUrl")
-    return recorded is None or recorded == same_registry(registry.url)
+    return leads_to(registry, previous.get("registryUrl"))
 
 
 def moved(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> str | None:

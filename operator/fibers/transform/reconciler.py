@@ -26,7 +26,7 @@ from fibers.kubeapi import ApiError, path
 from fibers.pod_trouble import Trouble
 from fibers.reconciles import Again
 from fibers.registries import PLURAL as REGISTRIES
-from fibers.registries import RegistryNotChosen, choose_registry, needs_namespace, parse_registries, same_registry
+from fibers.registries import RegistryNotChosen, choose_registry, leads_to, needs_namespace, parse_registries
 from fibers.secret_refs import SecretRefs, digest
 from fibers.transform import runs, sparkapp
 from fibers.transform.report import last_success, mirror_run, report, resolved_inputs, run_ended
@@ -151,7 +151,7 @@ class TransformReconciler:
                 registry = choose_registry(registry_name, registries, self.defaults.schema_registry, labels)
             except RegistryNotChosen as exc:
                 raise InputsNotReady(f"{where}: {exc}") from None
-            if ref.get("schemaRef") and registered.get("registryUrl") not in (None, same_registry(registry.url)):
+            if ref.get("schemaRef") and not leads_to(registry, registered.get("registryUrl")):
                 raise InputsNotReady(  # what the Schema registered is there, not where its registry now leads
                     f"{where}: Schema {schema_name} is registered at {registered['registryUrl']}, where SchemaRegistry "
                     f"{registry.name} no longer leads"
