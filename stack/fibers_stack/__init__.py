@@ -229,8 +229,16 @@ def up() -> StackInfo:
 
 
 def _complete(running: StackInfo) -> bool:
-    """A running stack has what this version starts (else it was started by an earlier one)."""
-    return set(STOP_ORDER) <= set(running.pids) and bool(running.cluster_addresses and running.postgres_role_checked)
+    """A running stack has what this version starts (else it was started by an earlier one, or with fewer
+    Connect workers than FIBERS_CONNECT_WORKERS asks for now)."""
+    return _wanted() <= set(running.pids) and bool(running.cluster_addresses and running.postgres_role_checked)
+
+
+def _wanted() -> set[str]:
+    """The processes a stack started now runs: every one STOP_ORDER knows but the Connect workers not asked for."""
+    workers = {f"kafka-connect-{n}" for n in range(2, kafka.MAX_CONNECT_WORKERS + 1)}
+    asked = {f"kafka-connect-{n}" for n in range(2, kafka.connect_workers() + 1)}
+    return (set(STOP_ORDER) - workers) | asked
 
 
 def _install_services(info: StackInfo) -> dict[str, str]:
