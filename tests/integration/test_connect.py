@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from http.client import HTTPMessage
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 import fibers_stack as stack
 from fibers.api import ANNOTATION_DELETION_POLICY, ANNOTATION_OWNED_CONNECTOR, CONNECT_FINALIZER
 from fibers.conditions import find, parse_time
+from fibers.connect.policy import POLICY
 from fibers_stack import StackInfo, platform_resources
 from tests.helpers import (
     Resources,
@@ -34,6 +36,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.integration.conftest import OperatorProcess
+from tests.integration.proxy import ForwardingProxy
 
 pytestmark = pytest.mark.connect
 
@@ -496,6 +499,60 @@ def test_connect_down_is_reported_and_recovered(
     connects.wait_condition(unique, "True", "Running", timeout=120)
     wait_for(lambda: not connects.exists(doomed), timeout=60, what="resource released once its connector is gone")
     assert live_state(connect_http, doomed) == "ABSENT"
+
+
+class BusyHerder(ForwardingProxy):
+    """The stack's Kafka Connect while its herder is busy starting thousands of tasks: a listing with
+    configs (`expand=info`, one herder request per connector) is answered only after `HELD_SECONDS`, past
+    the operator's call timeout (249-301 s in connect_scale at 5,000), where statuses come at once."""
+
+    HELD_SECONDS = POLICY.call_timeout + 5
+
+    def __init__(self, upstream: str) -> None:
+        self.busy = False
+        self.held = 0  # config listings asked while busy
+        super().__init__(upstream)
+
+    def intercept(self, method: str, path: str, headers: HTTPMessage) -> tuple[int, bytes] | None:
+        if self.busy and method == "GET" and "expand=info" in path:
+            self.held += 1
+            time.sleep(self.HELD_SECONDS)
+        return None  # forwarded, late
+
+
+def test_a_connect_slow_to_list_configs_leaves_its_resources_ready_on_statuses(
+    kube: ApiClient,
+    connects: Resources,
+    source_file: Path,
+    stack_info: StackInfo,
+    operator: OperatorProcess,
+    unique: str,
+) -> None:
+    """A Kafka Connect that answers statuses but not configs in time is not unreachable: its resources keep
+    their Ready (it had turned every one of 5,000 into ConnectUnreachable, asked again every 2 s), and the
+    configs are asked again only after `ConnectPolicy.config_read_retry`, not at every sync."""
+    herder = BusyHerder(stack_info.connect_url)
+    cluster = f"{unique}-busy"
+    platform_resources.apply(kube, cluster, herder.url)
+    try:
+        connects.create(unique, {**source_spec(source_file, unique), "cluster": cluster})
+        connects.wait_condition(unique, "True", "Running", timeout=90)
+        herder.busy = True
+        seen: set[tuple[str, str]] = set()
+        deadline = time.monotonic() + BusyHerder.HELD_SECONDS + 10  # a held listing, then more syncs
+        while time.monotonic() < deadline:
+            ready = connects.condition(unique)
+            seen.add((ready.get("status", ""), ready.get("reason", "")))
+            time.sleep(0.5)
+        assert seen == {("True", "Running")}
+        assert herder.held == 1  # this operator syncs every 2 s: configs were asked once, then statuses only
+        assert "statuses only for now" in operator.log()
+    finally:
+        herder.busy = False
+        connects.delete(unique)
+        wait_for(lambda: not connects.exists(unique), timeout=60, what="the Connect deleted")
+        platform_resources.delete(kube, cluster)
+        herder.close()
 
 
 def test_operator_killed_mid_reconcile_converges_to_one_connector_each(

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.client import HTTPMessage
 from typing import Any
 
 import httpx
@@ -15,7 +14,8 @@ from kubernetes.client import ApiClient
 
 from fibers_stack import StackInfo, apicurio, platform_resources
 from tests.helpers import Resources, printed, wait_for
-from tests.integration.conftest import OperatorProcess, free_port
+from tests.integration.conftest import OperatorProcess
+from tests.integration.proxy import ForwardingProxy
 
 pytestmark = pytest.mark.schemas
 
@@ -302,47 +302,24 @@ def test_json_schema_and_protobuf_subjects(
     assert latest["id"] == schemas.status(unique)["id"] and latest.get("schemaType") == schema_type
 
 
-class AuthProxy:
+class AuthProxy(ForwardingProxy):
     """The stack's Apicurio behind a bearer token, as a registry with authentication is deployed: requests
     without the token get the Confluent API's 401 (error 40101) and never reach the registry."""
+
+    content_type = "application/vnd.schemaregistry.v1+json"
 
     def __init__(self, upstream: str, token: str) -> None:
         self.refused = 0
         self.passed = 0
         self.token = token  # the one it takes: a rotation changes it
-        proxy = self
+        super().__init__(upstream)
 
-        class Handler(BaseHTTPRequestHandler):
-            def _forward(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Authorization") != f"Bearer {proxy.token}":
-                    proxy.refused += 1
-                    self._reply(401, b'{"error_code": 40101, "message": "Unauthorized"}')
-                    return
-                proxy.passed += 1
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "content-type")}
-                answer = httpx.request(self.command, upstream + self.path, content=body, headers=headers, timeout=30)
-                self._reply(answer.status_code, answer.content)
-
-            def _reply(self, status: int, content: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _forward
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def intercept(self, method: str, path: str, headers: HTTPMessage) -> tuple[int, bytes] | None:
+        if headers.get("Authorization") != f"Bearer {self.token}":
+            self.refused += 1
+            return 401, b'{"error_code": 40101, "message": "Unauthorized"}'
+        self.passed += 1
+        return None
 
 
 def test_a_registry_with_authentication_is_used_with_its_secret_which_is_read_only_where_allowed(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -421,7 +422,7 @@ def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
         counts = []
         for view in views:
             connect.list_expanded = lambda *, configs=True, v=view: _listing(v)  # type: ignore[method-assign]
-            sync._configs_read.clear()
+            sync.config_reads.forget_answer(CLUSTER)
             await _sync_once(sync)
             counts.append(len(calls))
         return counts
@@ -643,7 +644,8 @@ def test_a_cluster_with_many_connectors_is_listed_less_often_even_when_nudged() 
 
 def test_configs_are_not_read_while_our_creates_are_under_way() -> None:
     """Connect answers a listing with configs with one herder request per connector, queued between the
-    creates of a wave: the periodic config read waits until the creates are done."""
+    creates of a wave and the starts of their tasks: the periodic config read waits until the creates are
+    done and the new connectors have started (or had `topics_wait_for_starting` to)."""
 
     async def scenario() -> list[bool]:
         sync, _, connect = _sync()
@@ -664,14 +666,16 @@ def test_configs_are_not_read_while_our_creates_are_under_way() -> None:
         connect.list_expanded = recording  # type: ignore[method-assign]
         await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
         await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # the first sync reads configs; creates
-        sync._configs_read[CLUSTER] = 0.0  # an interval has passed
+        sync.config_reads.forget_answer(CLUSTER)  # an interval has passed
         await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # the create is still under way
         release.set()
         await asyncio.gather(*sync._in_flight.values())
-        await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # done: the configs are read
+        await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # created, still starting: not yet
+        sync.targets["shop", "orders"].created_at -= POLICY.topics_wait_for_starting  # it had its time to start
+        await sync._sync_cluster(CLUSTER, list(sync.targets.values()))  # the configs are read
         return asked
 
-    assert asyncio.run(scenario()) == [True, False, True]
+    assert asyncio.run(scenario()) == [True, False, False, True]
 
 
 def test_a_cluster_saturated_with_our_reconciles_is_listed_less_often_until_they_drain() -> None:
@@ -809,7 +813,7 @@ def test_a_restarted_operator_does_not_rewrite_a_status_that_has_not_changed() -
         )
         connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]
         for _ in range(3):
-            sync._configs_read.clear()
+            sync.config_reads.forget_answer(CLUSTER)
             await _sync_once(sync)
         return kube.statuses
 
@@ -824,3 +828,60 @@ def test_a_restarted_operator_does_not_rewrite_a_status_that_has_not_changed() -
 
 async def _topics() -> list[str]:
     return ["t"]
+
+
+def _statuses_only(listing: dict[str, ConnectorView]) -> dict[str, ConnectorView]:
+    return {name: dataclasses.replace(view, config=None) for name, view in listing.items()}
+
+
+def test_a_config_listing_connect_does_not_answer_in_time_falls_back_to_statuses() -> None:
+    """Connect answers a listing with configs through its herder's queue, one request per connector: while
+    it starts thousands of tasks that took minutes (connect_scale at 5,000). Its statuses still come at once,
+    so the resources keep their Ready (not ConnectUnreachable), and configs are asked again only later."""
+
+    async def scenario() -> tuple[list[bool], dict[str, Any]]:
+        sync, kube, connect = _sync()
+        asked: list[bool] = []
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, body)  # type: ignore[arg-type]
+        connect.listing = {"orders": _running("orders", config=sync.targets["shop", "orders"].config)}
+        connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]
+        await _sync_once(sync)  # configs read: the connector is verified, Ready
+        herder_busy = True
+
+        async def listing(*, configs: bool = True) -> dict[str, ConnectorView]:
+            asked.append(configs)
+            if configs and herder_busy:
+                raise ConnectUnreachable("cannot reach Kafka Connect at http://connect:8083: TimeoutError()")
+            return dict(connect.listing) if configs else _statuses_only(connect.listing)
+
+        connect.list_expanded = listing  # type: ignore[method-assign]
+        for _ in range(3):
+            sync.config_reads.forget_answer(CLUSTER)  # an interval has passed since the last answer
+            sync._finished_at.clear()
+            await _sync_once(sync)
+        return asked, kube.statuses["orders"]
+
+    asked, status = asyncio.run(scenario())
+    assert asked == [True, False, False, False]  # one config listing not answered, then statuses only
+    ready = conditions.find(status["conditions"], conditions.READY) or {}
+    assert (ready.get("status"), ready.get("reason")) == ("True", "Running")
+
+
+def test_configs_are_asked_less_often_the_longer_connect_takes_to_list_them() -> None:
+    """A listing with configs costs Connect more than linearly in its connectors; its pace follows how long
+    the last one took, so at thousands of connectors it is not asked every interval."""
+    from fibers.connect.config_reads import ConfigReads
+
+    reads = ConfigReads(interval=10.0, policy=POLICY)
+    assert reads.due("a", 0.0, quiet=True)  # never read
+    reads.answered("a", 0.0, seconds=0.05)
+    assert not reads.due("a", 9.0, quiet=True) and reads.due("a", 10.0, quiet=True)
+    assert not reads.due("a", 10.0, quiet=False)  # Connect busy with our creates or starting connectors
+    reads.answered("a", 100.0, seconds=3.0)
+    spacing = POLICY.config_read_spacing_factor * 3.0
+    assert not reads.due("a", 100.0 + spacing - 1, quiet=True) and reads.due("a", 100.0 + spacing, quiet=True)
+    reads.not_answered("a", 200.0)
+    assert not reads.may_force("a", 200.0 + POLICY.config_read_retry - 1)  # not even for an unverified spec
+    assert reads.may_force("a", 200.0 + POLICY.config_read_retry)
+    assert reads.due("a", 200.0 + POLICY.config_read_retry, quiet=True)

@@ -51,6 +51,16 @@ class ConnectPolicy:
     converging_recheck: float = 3.0
     status_heartbeat: float = 300.0  # rewrite an unchanged status this often (lastSyncTime)
 
+    # ----- config reads (`fibers.connect.config_reads`) ----------------------------------------------
+    # A listing with configs is asked at most every this many times as long as the last one took (and at
+    # most every interval): ~5 % of Connect's herder time. At 1,000 connectors it answers in well under a
+    # second, so the interval rules; its cost grows faster than the connectors.
+    config_read_spacing_factor: float = 20.0
+    # After a listing with configs Connect did not answer within `call_timeout` (its herder busy starting
+    # thousands of tasks: 249-301 s at 5,000), configs are asked again only after this long. Each such
+    # listing still queues one request per connector in the herder; statuses carry the sync meanwhile.
+    config_read_retry: float = 300.0
+
     # ----- creation --------------------------------------------------------------------------------
     # A connector is not created again this soon after our create succeeded: Connect's listing shows a
     # new connector only after its herder has caught up, and a second POST would only queue a 409 there.
@@ -65,7 +75,8 @@ class ConnectPolicy:
     topics_after_create: float = 2.0  # first ask after a create: a connector reports topics once it has written
     topic_ask_base: float = 2.0  # an empty answer is asked again after base**n s (the n-th ask): 2, 4, 8, 16 …
     topic_ask_max: float = 60.0  # … up to this: seconds before asking again for a connector that reported none
-    # No topic asks on a cluster while a connector we created this recently is not Ready yet: the last
+    # No topic asks (nor periodic config reads) on a cluster while a connector we created this recently is
+    # not Ready yet: the last
     # connectors' Ready statuses of a wave of 100 waited 0.4-0.7 s behind ~40 asks and the status writes
     # they brought. A connector that does not start holds them back no longer than this.
     topics_wait_for_starting: float = 30.0

@@ -1,7 +1,8 @@
 """The Connect reconciler: one loop per operator, one listing call per Connect cluster per interval.
 
 kopf passes every watch event on (`observe`); the loop does the rest, deletions included. It reads every
-connector of a cluster with ONE `GET /connectors?expand=status&expand=info`, decides per resource
+connector of a cluster with ONE `GET /connectors?expand=status` (with `&expand=info`, their configs, at the
+pace `config_reads` sets), decides per resource
 what to change (see `reconcile.decide`), makes only those calls, and writes a status only when
 it changed. While anything is converging it polls at the fast interval; at rest it makes one call
 per cluster per interval, whatever the number of connectors.
@@ -26,6 +27,7 @@ from fibers import conditions, memory, metrics
 from fibers.conditions import READY, utcnow
 from fibers.connect import groups as consumer_groups
 from fibers.connect import reconcile
+from fibers.connect.config_reads import ConfigReads
 from fibers.connect.deleter import Deleter
 from fibers.connect.intake import Intake
 from fibers.connect.lineage import ConnectLineage
@@ -81,7 +83,7 @@ class ConnectSync:
         self._nudged: set[str] = set()  # clusters with a changed resource, synced without waiting
         self._last_sync: dict[str, float] = {}
         self._unreachable = Repeats(self.policy.unreachable_log_every)  # clusters that do not answer
-        self._configs_read: dict[str, float] = {}  # per cluster, when a listing last included configs
+        self.config_reads = ConfigReads(settings.interval, policy)  # when a listing carries configs
         self._listed: dict[str, int] = {}  # per cluster, how many connectors its last listing had
         self._in_flight_on: Counter[str] = Counter()  # per cluster, how many reconciles are under way
         self._finished_at: dict[Key, float] = {}  # when each resource's last reconcile ended
@@ -215,20 +217,23 @@ class ConnectSync:
         now = time.monotonic()
         self._last_sync[cluster] = now
         self._nudged.discard(cluster)
-        # Configs are read once per interval, and when an existing connector's config is not known
-        # to match its spec (a changed spec); connectors being created or starting need statuses only.
-        # The periodic read waits while our creates are under way: Connect answers it with one request
-        # per connector in its herder's queue, between the creates (0.5-2.9 s each, every 10 s, in a wave
-        # of 1,000), and the connectors being created hold the configs we wrote.
-        with_configs = now - self._configs_read.get(cluster, 0) >= self.settings.interval and not self._busy(targets)
+        # Configs are read periodically (`config_reads`), and when an existing connector's config is not
+        # known to match its spec (a changed spec); connectors being created or starting need statuses only.
+        # The periodic read waits while our creates are under way or our new connectors start: Connect
+        # answers it with one request per connector in its herder's queue, between the creates (0.5-2.9 s
+        # each, every 10 s, in a wave of 1,000), and the connectors being created hold the configs we wrote.
+        quiet = not self._busy(targets) and not any(self._starting(t, now) for t in targets)
         try:
             client = self.clusters.client(cluster)
-            listing = await client.list_expanded(configs=with_configs)
-            if not with_configs and any(
-                t.spec and not t.problem and not t.config_verified and t.spec.connector in listing for t in targets
+            listing, with_configs = await self._list(client, cluster, self.config_reads.due(cluster, now, quiet=quiet))
+            if (
+                not with_configs
+                and self.config_reads.may_force(cluster, now)
+                and any(
+                    t.spec and not t.problem and not t.config_verified and t.spec.connector in listing for t in targets
+                )
             ):
-                with_configs = True
-                listing = await client.list_expanded(configs=True)
+                listing, with_configs = await self._list(client, cluster, True, statuses=listing)
         except (ConnectUnreachable, ConnectError, ClusterUnavailable) as exc:
             message = redact(str(exc), ())
             self._note_unreachable(cluster, message)
@@ -241,13 +246,11 @@ class ConnectSync:
         if self._unreachable.ended(cluster):
             log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
-        if with_configs:
-            self._configs_read[cluster] = now
         # While connectors are converging, learn their topics quickly; at rest, only a few per sync;
         # none while earlier creates are still under way (Connect is busy enough with those) or new
         # connectors are still starting: their Ready comes first, and topic asks and the status writes
         # they bring would queue ahead of it.
-        if self._busy(targets) or any(self._starting(t, now) for t in targets):
+        if not quiet:
             refresh_budget = [0]
         elif cluster in self._converging:
             refresh_budget = [self.policy.topic_refreshes_converging]
@@ -280,6 +283,38 @@ class ConnectSync:
             self._converging.discard(cluster)
         else:
             self._converging.add(cluster)
+
+    async def _list(
+        self,
+        client: ConnectClient,
+        cluster: str,
+        configs: bool,
+        *,
+        statuses: dict[str, ConnectorView] | None = None,
+    ) -> tuple[dict[str, ConnectorView], bool]:
+        """The cluster's listing, and whether it carries configs. A listing with configs that Connect does not
+        answer (its herder busy, see `config_reads`) is followed at once by one of statuses only (or is
+        replaced by `statuses`, this sync's): the resources' states stay known, their configs are asked
+        again later. A Connect that answers neither is unreachable (raised from here)."""
+        if configs:
+            asked = time.monotonic()
+            try:
+                listing = await client.list_expanded(configs=True)
+            except (ConnectUnreachable, ConnectError) as exc:
+                listing = statuses if statuses is not None else await client.list_expanded(configs=False)
+                self.config_reads.not_answered(cluster, asked)
+                log.warning(
+                    "Kafka Connect did not list its connectors' configs; statuses only for now",
+                    extra={
+                        "cluster": cluster,
+                        "error": redact(str(exc), ()),
+                        "retry_seconds": self.policy.config_read_retry,
+                    },
+                )
+                return listing, False
+            self.config_reads.answered(cluster, asked, seconds=time.monotonic() - asked)
+            return listing, True
+        return await client.list_expanded(configs=False), False
 
     def _busy(self, targets: list[Target]) -> bool:
         """Some of these resources are still being reconciled from an earlier sync (creates waiting their
