@@ -120,6 +120,28 @@ def test_an_owner_never_writes_its_checkpoints_back_into_a_configmap_deleted_sin
     assert store.fenced == {"t.0"}
 
 
+def test_an_owner_never_writes_into_a_configmap_made_again_since_its_claim(
+    stack_info: StackInfo, namespace: str, unique: str
+) -> None:
+    """The checkpoints deleted (a seek, or by hand) and a new owner's claim making the ConfigMap again, with its
+    tokens counted from 1, before the old owner's next flush: that flush finds a ConfigMap, and no newer token
+    than its own. It is still refused: the ConfigMap is not the one it claimed in (its uid), and writing there
+    would put the old positions over the new owner's and undo the seek unseen."""
+    api = kubeapi.Api(kubeapi.from_kubeconfig(stack_info.kubeconfig))
+    url = kubeapi.path("v1", "configmaps", namespace, f"{unique}-checkpoint")
+    old = CheckpointStore(api, namespace, f"{unique}-checkpoint", ["t"], instance=0, min_interval=0)
+    new = CheckpointStore(api, namespace, f"{unique}-checkpoint", ["t"], instance=1, min_interval=0)
+    old.claim("t.0")
+    assert old.save({"t.0": online(10)}, force=True)
+    api.delete(url)  # the seek drops the checkpoints
+    token, stored = new.claim("t.0")
+    assert token == 1 and "t.0" not in stored  # counted afresh in the new ConfigMap
+    assert new.save({"t.0": online(3)}, force=True)
+    assert not old.save({"t.0": online(20)}, force=True)
+    assert old.fenced == {"t.0"}
+    assert Checkpoints.from_configmap_data(api.get(url)["data"], ["t"])["t.0"] == online(3)
+
+
 # ----- real pods, rescaled under load --------------------------------------------------------------
 
 PARTITIONS = 8

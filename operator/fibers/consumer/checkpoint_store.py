@@ -90,6 +90,9 @@ class CheckpointStore:
         self.writes = 0
         self.written: dict[str, float] = {}  # timeline key → Unix time of our last write of it (or our claim)
         self.tokens: dict[str, int] = {}  # timeline key → our fencing token, from claim()
+        # timeline key → the uid of the ConfigMap our claim was made in: one made again since (the checkpoints
+        # deleted, then a new owner's claim) counts its tokens from 1 again, so only its uid tells it apart
+        self.claimed_in: dict[str, str] = {}
         self.fenced: set[str] = set()  # timelines a write found claimed by a newer owner (the consumer drops them)
         self.stopping: Callable[[], bool] = lambda: False  # the consumer is shutting down: wait for the API less
         self.pause: Callable[[float], object] = time.sleep  # the wait between tries (the consumer's: cut by a stop)
@@ -166,33 +169,38 @@ class CheckpointStore:
             cm = self._read()
             owners = _owners(cm)
             token = owners.get(key, 0) + 1
-            if not self._write(cm, {}, {OWNERS_ANNOTATION: json.dumps({**owners, key: token}, sort_keys=True)}):
+            written = self._write(cm, {}, {OWNERS_ANNOTATION: json.dumps({**owners, key: token}, sort_keys=True)})
+            if written is None:
                 continue
             self.tokens[key] = token
+            self.claimed_in[key] = written["metadata"]["uid"]
             self.written[key] = time.time()
             self.fenced.discard(key)
             return token, Checkpoints.from_configmap_data((cm or {}).get("data") or {}, self.sources)
         raise self._contended()
 
-    def _write(self, cm: dict[str, Any] | None, data: dict[str, str], annotations: dict[str, str]) -> bool:
-        """Merge these keys into the ConfigMap as read (`cm`; None: create it); False if someone wrote since."""
+    def _write(
+        self, cm: dict[str, Any] | None, data: dict[str, str], annotations: dict[str, str]
+    ) -> dict[str, Any] | None:
+        """Merge these keys into the ConfigMap as read (`cm`; None: create it): the ConfigMap written, or
+        None if someone wrote since."""
         failpoints.hit("checkpoint.write", Unreachable)
         try:
             if cm is None:
                 meta = {"name": self.name, "labels": self.labels, "annotations": annotations}
                 body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-                self.api.create(path("v1", "configmaps", self.namespace), body)
+                written = self.api.create(path("v1", "configmaps", self.namespace), body)
             else:
                 cm["data"] = {**(cm.get("data") or {}), **data}
                 cm["metadata"]["annotations"] = {**(cm["metadata"].get("annotations") or {}), **annotations}
                 # resourceVersion from the read makes this a compare-and-swap: 409 if anyone wrote since.
-                self.api.replace(self.url, cm)
+                written = self.api.replace(self.url, cm)
         except ApiError as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
         failpoints.hit("checkpoint.write.done", Unreachable)
-        return True
+        return written
 
     @property
     def stopped_key(self) -> str:
@@ -203,7 +211,7 @@ class CheckpointStore:
 
         def write() -> None:
             for _ in range(CHECKPOINT_CONFLICT_TRIES):
-                if self._write(self._read(), {}, {self.stopped_key: message}):
+                if self._write(self._read(), {}, {self.stopped_key: message}) is not None:
                     return
             raise self._contended()
 
@@ -218,6 +226,7 @@ class CheckpointStore:
     def forget(self, key: str) -> None:
         """Stop writing timeline `key` (given up or lost): its pending checkpoint is dropped."""
         self.tokens.pop(key, None)
+        self.claimed_in.pop(key, None)
         self.pending.pop(key, None)
         self.written.pop(key, None)
 
@@ -242,8 +251,10 @@ class CheckpointStore:
         for _ in range(CHECKPOINT_CONFLICT_TRIES):
             cm = self._read()
             # Gone since our claim made or read it: a seek (or `retention: Delete`) dropped the checkpoints.
-            # Writing would make it again with our old positions, and the seek would be undone unseen.
-            gone = set(self.pending) if cm is None else set()
+            # Writing would make it again with our old positions, and the seek would be undone unseen; so
+            # would writing into one made again since (another uid), whatever tokens it records.
+            uid = None if cm is None else cm["metadata"].get("uid")
+            gone = {key for key in self.pending if uid is None or self.claimed_in.get(key, uid) != uid}
             if fenced := gone or fenced_keys(_owners(cm), self.tokens, self.pending):
                 log.warning("checkpoint refused: a newer owner holds the timeline", extra={"timelines": sorted(fenced)})
                 self.fenced |= fenced
@@ -253,7 +264,7 @@ class CheckpointStore:
                     return False
             updates = {key: cp.to_json() for key, cp in self.pending.items()}
             updates[SOURCES_HASH_KEY] = sources_hash(self.sources)
-            if not self._write(cm, updates, annotations):
+            if self._write(cm, updates, annotations) is None:
                 continue
             written = time.time()
             self.written.update(dict.fromkeys(self.pending, written))
