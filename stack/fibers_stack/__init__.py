@@ -56,7 +56,7 @@ STOP_ORDER = (
     "prometheus-discovery",
     "prometheus",
     "kafka-connect",
-    *(f"kafka-connect-{n}" for n in range(2, kafka.MAX_CONNECT_WORKERS + 1)),
+    *sorted(kafka.extra_workers(kafka.MAX_CONNECT_WORKERS)),
     "apicurio",
     "kafka",
     "ferretdb",
@@ -236,9 +236,8 @@ def _complete(running: StackInfo) -> bool:
 
 def _wanted() -> set[str]:
     """The processes a stack started now runs: every one STOP_ORDER knows but the Connect workers not asked for."""
-    workers = {f"kafka-connect-{n}" for n in range(2, kafka.MAX_CONNECT_WORKERS + 1)}
-    asked = {f"kafka-connect-{n}" for n in range(2, kafka.connect_workers() + 1)}
-    return (set(STOP_ORDER) - workers) | asked
+    optional, asked = kafka.extra_workers(kafka.MAX_CONNECT_WORKERS), kafka.extra_workers(kafka.connect_workers())
+    return (set(STOP_ORDER) - optional) | asked
 
 
 def _install_services(info: StackInfo) -> dict[str, str]:
@@ -419,7 +418,7 @@ def _orphans(root: Path) -> StackInfo | None:
             continue
         if any("ConnectDistributed" in arg for arg in argv):
             workers = [m.group(1) for arg in argv if (m := re.search(r"connect-distributed-(\d+)\.properties$", arg))]
-            name = f"kafka-connect-{workers[0]}" if workers else "kafka-connect"  # a worker beyond the first
+            name = kafka.worker_name(int(workers[0]) if workers else 1)
         elif "kafka.Kafka" in argv:
             name = "kafka"
         elif any(Path(arg).name.startswith("apicurio-registry-app-") and arg.endswith("-runner.jar") for arg in argv):

@@ -59,6 +59,16 @@ def _properties(path: Path, values: dict[str, object]) -> Path:
     return path
 
 
+def worker_name(n: int) -> str:
+    """The process name of the Connect cluster's n-th worker (the first is "kafka-connect")."""
+    return "kafka-connect" if n == 1 else f"kafka-connect-{n}"
+
+
+def extra_workers(count: int) -> set[str]:
+    """The process names of workers 2..count, those beyond the first."""
+    return {worker_name(n) for n in range(2, count + 1)}
+
+
 def connect_workers() -> int:
     """How many workers the stack's Connect cluster runs (FIBERS_CONNECT_WORKERS, 1 to MAX_CONNECT_WORKERS)."""
     wanted = int(os.environ.get("FIBERS_CONNECT_WORKERS", CONNECT_WORKERS))
@@ -203,8 +213,8 @@ def start(launcher: Launcher) -> dict[str, str]:
         more = {k: v for k, v in settings.items() if not k.startswith("listeners.https.")}
         more.update({"listeners": url, "rest.advertised.port": url.rsplit(":", 1)[1]})
         conf = _properties(home / f"connect-distributed-{n}.properties", more)
-        launcher.spawn(f"kafka-connect-{n}", _java(lib, home, heap, main, str(conf), options=options))
-        launcher.wait(f"kafka-connect-{n}", partial(_connect_ready, url), timeout=180)
+        launcher.spawn(worker_name(n), _java(lib, home, heap, main, str(conf), options=options))
+        launcher.wait(worker_name(n), partial(_connect_ready, url), timeout=180)
     launcher.wait("kafka-connect", lambda: _tls_ready(connect_tls_url, ca), timeout=30)
     return {
         "kafka_bootstrap": bootstrap,

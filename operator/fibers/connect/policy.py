@@ -76,9 +76,8 @@ class ConnectPolicy:
     topic_ask_base: float = 2.0  # an empty answer is asked again after base**n s (the n-th ask): 2, 4, 8, 16 …
     topic_ask_max: float = 60.0  # … up to this: seconds before asking again for a connector that reported none
     # No topic asks (nor periodic config reads) on a cluster while a connector we created this recently is
-    # not Ready yet: the last
-    # connectors' Ready statuses of a wave of 100 waited 0.4-0.7 s behind ~40 asks and the status writes
-    # they brought. A connector that does not start holds them back no longer than this.
+    # not Ready yet: the last connectors' Ready statuses of a wave of 100 waited 0.4-0.7 s behind ~40 asks
+    # and the status writes they brought. A connector that does not start holds them back no longer than this.
     topics_wait_for_starting: float = 30.0
     topic_fast_asks: int = 4  # asks for a new connector's topics made at the fast pace (after 2, 4, 8, 16 s)
     topic_refreshes: int = 2  # asks per cluster per sync at rest, for connectors whose topics are not known yet
