@@ -885,3 +885,31 @@ def test_configs_are_asked_less_often_the_longer_connect_takes_to_list_them() ->
     assert not reads.may_force("a", 200.0 + POLICY.config_read_retry - 1)  # not even for an unverified spec
     assert reads.may_force("a", 200.0 + POLICY.config_read_retry)
     assert reads.due("a", 200.0 + POLICY.config_read_retry, quiet=True)
+
+
+def test_a_connect_that_answers_nothing_is_unreachable_after_one_timeout_not_two() -> None:
+    """A partitioned Connect (packets dropped) answers no listing. The statuses listing that stands in for a
+    configs listing not answered is asked while that one still waits, not after it: the resources say
+    ConnectUnreachable after one REST timeout (the chaos suite's 22 s outage, with a 15 s timeout)."""
+    policy = dataclasses.replace(POLICY, statuses_alongside_configs_after=0.05)
+
+    async def scenario() -> tuple[list[tuple[str, bool]], dict[str, Any]]:
+        sync, kube, connect = _sync(policy)
+        calls: list[tuple[str, bool]] = []
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, body)  # type: ignore[arg-type]
+
+        async def hung(*, configs: bool = True) -> dict[str, ConnectorView]:
+            calls.append(("asked", configs))
+            await asyncio.sleep(0.3)  # the REST timeout
+            calls.append(("timed out", configs))
+            raise ConnectUnreachable("cannot reach Kafka Connect at http://connect:8083: TimeoutError()")
+
+        connect.list_expanded = hung  # type: ignore[method-assign]
+        await _sync_once(sync)
+        return calls, kube.statuses["orders"]
+
+    calls, status = asyncio.run(scenario())
+    assert calls[:2] == [("asked", True), ("asked", False)]  # both wait at once: one timeout in all
+    ready = conditions.find(status["conditions"], conditions.READY) or {}
+    assert (ready.get("status"), ready.get("reason")) == ("False", "ConnectUnreachable")

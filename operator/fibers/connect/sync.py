@@ -293,15 +293,27 @@ class ConnectSync:
         statuses: dict[str, ConnectorView] | None = None,
     ) -> tuple[dict[str, ConnectorView], bool]:
         """The cluster's listing, and whether it carries configs. A listing with configs that Connect does not
-        answer (its herder busy, see `config_reads`) is followed at once by one of statuses only (or is
-        replaced by `statuses`, this sync's): the resources' states stay known, their configs are asked
-        again later. A Connect that answers neither is unreachable (raised from here)."""
-        if configs:
-            asked = time.monotonic()
+        answer (its herder busy, see `config_reads`) is stood in for by one of statuses only, asked as soon as
+        the configs are late (`ConnectPolicy.statuses_alongside_configs_after`), or by `statuses`, this
+        sync's: the resources' states stay known, their configs are asked again later. A Connect that
+        answers neither is unreachable after one timeout (raised from here)."""
+        if not configs:
+            return await client.list_expanded(configs=False), False
+        asked = time.monotonic()
+        with_configs = asyncio.ensure_future(client.list_expanded(configs=True))
+        fallback: asyncio.Future[dict[str, ConnectorView]] | None = None
+        try:
+            if statuses is None:
+                await asyncio.wait([with_configs], timeout=self.policy.statuses_alongside_configs_after)
+                if not with_configs.done():
+                    fallback = asyncio.ensure_future(client.list_expanded(configs=False))
             try:
-                listing = await client.list_expanded(configs=True)
+                listing = await with_configs
             except (ConnectUnreachable, ConnectError) as exc:
-                listing = statuses if statuses is not None else await client.list_expanded(configs=False)
+                if statuses is not None:
+                    listing = statuses
+                else:
+                    listing = await (fallback or client.list_expanded(configs=False))
                 self.config_reads.not_answered(cluster, asked)
                 log.warning(
                     "Kafka Connect did not list its connectors' configs; statuses only for now",
@@ -312,9 +324,14 @@ class ConnectSync:
                     },
                 )
                 return listing, False
-            self.config_reads.answered(cluster, asked, seconds=time.monotonic() - asked)
-            return listing, True
-        return await client.list_expanded(configs=False), False
+        finally:
+            for call in (with_configs, fallback):
+                if call is not None and not call.done():
+                    call.cancel()  # configs answered, or this sync is being cancelled
+                elif call is not None and not call.cancelled():
+                    call.exception()  # seen: a statuses listing not needed may have failed unheard
+        self.config_reads.answered(cluster, asked, seconds=time.monotonic() - asked)
+        return listing, True
 
     def _busy(self, targets: list[Target]) -> bool:
         """Some of these resources are still being reconciled from an earlier sync (creates waiting their
