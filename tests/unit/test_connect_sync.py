@@ -913,3 +913,79 @@ def test_a_connect_that_answers_nothing_is_unreachable_after_one_timeout_not_two
     assert calls[:2] == [("asked", True), ("asked", False)]  # both wait at once: one timeout in all
     ready = conditions.find(status["conditions"], conditions.READY) or {}
     assert (ready.get("status"), ready.get("reason")) == ("False", "ConnectUnreachable")
+
+
+def test_topics_and_configs_wait_while_connect_is_still_starting_our_connectors() -> None:
+    """Connect listing one of ours RUNNING without a task is still starting it (after a wave, or a rebalance:
+    17 minutes at 5,000): no topic ask and no periodic configs listing adds to its load meanwhile."""
+
+    async def scenario() -> tuple[list[str], list[bool], list[str], list[bool]]:
+        sync, _kube, connect = _sync()
+        topic_asks: list[str] = []
+        config_asks: list[bool] = []
+
+        async def topics(name: str) -> list[str]:
+            topic_asks.append(name)
+            return [f"{name}-topic"]
+
+        async def listing(*, configs: bool = True) -> dict[str, ConnectorView]:
+            config_asks.append(configs)
+            return dict(connect.listing) if configs else _statuses_only(connect.listing)
+
+        connect.topics = topics  # type: ignore[method-assign]
+        connect.list_expanded = listing  # type: ignore[method-assign]
+        owned = {"finalizers": [CONNECT_FINALIZER]}
+        for name in ("older", "waiting"):
+            await sync.observe(None, _body(name, annotations={ANNOTATION_OWNED_CONNECTOR: name}, **owned))  # type: ignore[arg-type]
+        older, waiting = sync.targets["shop", "older"], sync.targets["shop", "waiting"]
+        older.status = {"conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
+        older.topics_due = 0.0  # its topics are unknown and due
+        older.config_verified = waiting.config_verified = True  # read before: only the periodic read is due
+        no_task = ConnectorView.from_listing("waiting", {"status": {"connector": {"state": "RUNNING"}, "tasks": []}})
+        connect.listing = {"older": _running("older", config=older.config), "waiting": no_task}
+        await _sync_once(sync)  # its listing (configs, as at every start) shows "waiting" not started
+        config_asks.clear()
+        for _ in range(2):
+            sync.config_reads.forget_answer(CLUSTER)
+            sync._finished_at.clear()
+            await _sync_once(sync)
+        held = (list(topic_asks), list(config_asks))
+        connect.listing["waiting"] = _running("waiting", config=waiting.config)  # Connect gave it its task
+        for _ in range(2):
+            sync.config_reads.forget_answer(CLUSTER)
+            sync._finished_at.clear()
+            await _sync_once(sync)
+        return *held, topic_asks, config_asks
+
+    held_topics, held_configs, topic_asks, config_asks = asyncio.run(scenario())
+    assert (held_topics, held_configs) == ([], [False, False])  # statuses only, no topic ask
+    assert sorted(set(topic_asks)) == ["older", "waiting"] and True in config_asks
+
+
+def test_connect_starting_holds_back_only_while_it_makes_progress() -> None:
+    """The wait is Connect's own "not started" (unassigned, running without a task, a task unassigned), and
+    lasts while that number moves: one that never gets a task, or a worker gone, stops holding back."""
+    from fibers.connect.tasks_starting import TasksStarting, not_started
+
+    def view(state: str, *tasks: str) -> ConnectorView:
+        entry = {
+            "status": {"connector": {"state": state}, "tasks": [{"id": i, "state": t} for i, t in enumerate(tasks)]}
+        }
+        return ConnectorView.from_listing("c", entry)
+
+    assert [
+        not_started(view("UNASSIGNED")),
+        not_started(view("RUNNING")),
+        not_started(view("RUNNING", "UNASSIGNED")),
+    ] == [True] * 3
+    assert not any(
+        not_started(v) for v in (view("RUNNING", "RUNNING"), view("STOPPED"), view("PAUSED", "PAUSED"), view("FAILED"))
+    )
+    watch, patience = TasksStarting(POLICY), POLICY.tasks_starting_patience
+    two = {"a": view("RUNNING"), "b": view("UNASSIGNED"), "theirs": view("RUNNING")}
+    watch.observe("x", two, ["a", "b"], 0.0)
+    assert watch.holds("x", patience - 1) and not watch.holds("x", patience)  # stalled: no longer waited for
+    watch.observe("x", {**two, "a": view("RUNNING", "RUNNING")}, ["a", "b"], 100.0)  # progress
+    assert watch.holds("x", 100.0 + patience - 1)
+    watch.observe("x", {"theirs": view("RUNNING")}, ["a", "b"], 101.0)  # only theirs unstarted
+    assert not watch.holds("x", 101.0) and watch.count("x") == 0

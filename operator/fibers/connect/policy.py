@@ -84,6 +84,11 @@ class ConnectPolicy:
     # not Ready yet: the last connectors' Ready statuses of a wave of 100 waited 0.4-0.7 s behind ~40 asks
     # and the status writes they brought. A connector that does not start holds them back no longer than this.
     topics_wait_for_starting: float = 30.0
+    # … and none (nor periodic config reads) while Connect's listing shows any of our connectors not started
+    # (`fibers.connect.tasks_starting`), until that number has not moved for this long: at 5,000 connectors
+    # Connect started ~1.5-5 tasks/s for 17 minutes, so a stall this long means a connector that will not get
+    # a task (a worker gone) rather than a busy Connect.
+    tasks_starting_patience: float = 60.0
     topic_fast_asks: int = 4  # asks for a new connector's topics made at the fast pace (after 2, 4, 8, 16 s)
     topic_refreshes: int = 2  # asks per cluster per sync at rest, for connectors whose topics are not known yet
     topic_refreshes_converging: int = 64  # the same while connectors converge (topic look-ups are cheap)

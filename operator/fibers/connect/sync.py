@@ -39,6 +39,7 @@ from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, Conn
 from fibers.connect.settings import SyncSettings
 from fibers.connect.spec import KIND
 from fibers.connect.steps import Steps
+from fibers.connect.tasks_starting import TasksStarting
 from fibers.kube import Kube, describe
 from fibers.logs import Repeats
 from fibers.redact import redact
@@ -84,6 +85,7 @@ class ConnectSync:
         self._last_sync: dict[str, float] = {}
         self._unreachable = Repeats(self.policy.unreachable_log_every)  # clusters that do not answer
         self.config_reads = ConfigReads(settings.interval, policy)  # when a listing carries configs
+        self.tasks_starting = TasksStarting(policy)  # Connect still starting our connectors: it is left to it
         self._listed: dict[str, int] = {}  # per cluster, how many connectors its last listing had
         self._in_flight_on: Counter[str] = Counter()  # per cluster, how many reconciles are under way
         self._finished_at: dict[Key, float] = {}  # when each resource's last reconcile ended
@@ -222,7 +224,12 @@ class ConnectSync:
         # The periodic read waits while our creates are under way or our new connectors start: Connect
         # answers it with one request per connector in its herder's queue, between the creates (0.5-2.9 s
         # each, every 10 s, in a wave of 1,000), and the connectors being created hold the configs we wrote.
-        quiet = not self._busy(targets) and not any(self._starting(t, now) for t in targets)
+        # It waits too while Connect's last listing showed ours not started (`tasks_starting`).
+        quiet = (
+            not self._busy(targets)
+            and not any(self._starting(t, now) for t in targets)
+            and not self.tasks_starting.holds(cluster, now)
+        )
         try:
             client = self.clusters.client(cluster)
             listing, with_configs = await self._list(client, cluster, self.config_reads.due(cluster, now, quiet=quiet))
@@ -243,14 +250,15 @@ class ConnectSync:
             self._converging.discard(cluster)  # asked again every `unreachable_retry` s, not at the fast pace
             return
         self._listed[cluster] = len(listing)
+        self._note_tasks_starting(cluster, listing, targets, now)
         if self._unreachable.ended(cluster):
             log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
         # While connectors are converging, learn their topics quickly; at rest, only a few per sync;
         # none while earlier creates are still under way (Connect is busy enough with those) or new
         # connectors are still starting: their Ready comes first, and topic asks and the status writes
-        # they bring would queue ahead of it.
-        if not quiet:
+        # they bring would queue ahead of it. Nor while Connect is still starting ours (`tasks_starting`).
+        if not quiet or self.tasks_starting.holds(cluster, now):
             refresh_budget = [0]
         elif cluster in self._converging:
             refresh_budget = [self.policy.topic_refreshes_converging]
@@ -408,6 +416,21 @@ class ConnectSync:
         self._in_flight[target.key] = task
         self._in_flight_on[cluster] += 1
         return task
+
+    def _note_tasks_starting(
+        self, cluster: str, listing: dict[str, ConnectorView], targets: list[Target], now: float
+    ) -> None:
+        """Count ours that Connect has not started, and log when topic asks and config reads start or stop
+        waiting for them."""
+        held = self.tasks_starting.holds(cluster, now)
+        self.tasks_starting.observe(cluster, listing, (t.spec.connector for t in targets if t.spec), now)
+        if self.tasks_starting.holds(cluster, now) != held:
+            log.info(
+                "Kafka Connect is starting our connectors: topic asks and config reads wait"
+                if not held
+                else "topic asks and config reads go on",
+                extra={"cluster": cluster, "not_started": self.tasks_starting.count(cluster)},
+            )
 
     def _note_unreachable(self, cluster: str, message: str) -> None:
         """Log an outage when it starts or its error changes, then at most every `unreachable_log_every` s:
