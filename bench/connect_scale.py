@@ -458,6 +458,11 @@ def main() -> int:
     parser.add_argument(
         "--rounds", type=int, default=5, help="floor/operator pairs per N; the ratio is of medians (3 proved too few)"
     )
+    parser.add_argument(
+        "--operator-first",
+        action="store_true",
+        help="the operator's phase opens the first round (at N=5,000 each phase takes ~25 min: its figure comes first)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
@@ -500,7 +505,9 @@ def main() -> int:
             for round_ in range(args.rounds):
                 # Alternating, in turn first (ABBA): drift in the stack, and what a phase leaves Connect and
                 # Kafka to finish (rebalances, topic deletions), then weigh on both alike.
-                phases = (floor_phase, operator_phase) if round_ % 2 == 0 else (operator_phase, floor_phase)
+                phases = (floor_phase, operator_phase)
+                if (round_ + args.operator_first) % 2:
+                    phases = (operator_phase, floor_phase)
                 for phase in phases:
                     say(f"N={n}: the stack was quiet after {stack_quiet(pids):.0f}s")
                     phase(round_)
