@@ -941,7 +941,9 @@ def test_topics_and_configs_wait_while_connect_is_still_starting_our_connectors(
         older.status = {"conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
         older.topics_due = 0.0  # its topics are unknown and due
         older.config_verified = waiting.config_verified = True  # read before: only the periodic read is due
-        no_task = ConnectorView.from_listing("waiting", {"status": {"connector": {"state": "RUNNING"}, "tasks": []}})
+        no_task = ConnectorView.from_listing(
+            "waiting", {"status": {"connector": {"state": "RUNNING"}, "tasks": []}, "info": {"config": waiting.config}}
+        )
         connect.listing = {"older": _running("older", config=older.config), "waiting": no_task}
         await _sync_once(sync)  # its listing (configs, as at every start) shows "waiting" not started
         config_asks.clear()
@@ -962,9 +964,10 @@ def test_topics_and_configs_wait_while_connect_is_still_starting_our_connectors(
     assert sorted(set(topic_asks)) == ["older", "waiting"] and True in config_asks
 
 
-def test_connect_starting_holds_back_only_while_it_makes_progress() -> None:
+def test_connect_starting_holds_back_only_while_it_gets_through_ours() -> None:
     """The wait is Connect's own "not started" (unassigned, running without a task, a task unassigned), and
-    lasts while that number moves: one that never gets a task, or a worker gone, stops holding back."""
+    lasts while Connect starts them; one that never gets a task stops counting once nothing moved for the
+    patience, and does not make later changes wait again."""
     from fibers.connect.tasks_starting import TasksStarting, not_started
 
     def view(state: str, *tasks: str) -> ConnectorView:
@@ -973,19 +976,57 @@ def test_connect_starting_holds_back_only_while_it_makes_progress() -> None:
         }
         return ConnectorView.from_listing("c", entry)
 
+    running = view("RUNNING", "RUNNING")
     assert [
         not_started(view("UNASSIGNED")),
         not_started(view("RUNNING")),
         not_started(view("RUNNING", "UNASSIGNED")),
     ] == [True] * 3
-    assert not any(
-        not_started(v) for v in (view("RUNNING", "RUNNING"), view("STOPPED"), view("PAUSED", "PAUSED"), view("FAILED"))
-    )
+    assert not any(not_started(v) for v in (running, view("STOPPED"), view("PAUSED", "PAUSED"), view("FAILED")))
     watch, patience = TasksStarting(POLICY), POLICY.tasks_starting_patience
-    two = {"a": view("RUNNING"), "b": view("UNASSIGNED"), "theirs": view("RUNNING")}
-    watch.observe("x", two, ["a", "b"], 0.0)
-    assert watch.holds("x", patience - 1) and not watch.holds("x", patience)  # stalled: no longer waited for
-    watch.observe("x", {**two, "a": view("RUNNING", "RUNNING")}, ["a", "b"], 100.0)  # progress
-    assert watch.holds("x", 100.0 + patience - 1)
-    watch.observe("x", {"theirs": view("RUNNING")}, ["a", "b"], 101.0)  # only theirs unstarted
-    assert not watch.holds("x", 101.0) and watch.count("x") == 0
+    listing = {"a": view("RUNNING"), "b": view("UNASSIGNED"), "c": view("RUNNING"), "theirs": view("RUNNING")}
+    watch.observe("x", listing, ["a", "b", "c"], 0.0)
+    assert watch.holds("x", patience - 1) and watch.count("x") == 3
+    watch.observe("x", {**listing, "a": running}, ["a", "b", "c"], patience - 1)  # Connect started one
+    assert watch.holds("x", 2 * patience - 2) and not watch.holds("x", 2 * patience - 1)
+    watch.observe("x", {**listing, "a": running}, ["a", "b", "c"], 2 * patience)  # nothing moved since
+    assert not watch.holds("x", 2 * patience) and watch.count("x") == 0  # "b" and "c" stalled
+    later = 3 * patience
+    watch.observe("x", {**listing, "a": running, "d": view("RUNNING")}, ["a", "b", "c", "d"], later)
+    assert watch.holds("x", later)  # a new one: waited for
+    watch.observe("x", {**listing, "a": running, "d": running}, ["a", "b", "c", "d"], later + 1)
+    assert not watch.holds("x", later + 1)  # started; "b" and "c", stalled, hold nothing back again
+    watch.observe("x", {"theirs": view("RUNNING")}, ["a", "b"], later + 2)  # only a connector not ours
+    assert not watch.holds("x", later + 2)
+
+
+def test_a_statuses_listing_refused_at_once_beside_a_late_configs_listing_is_asked_again() -> None:
+    """Behind a Service, the statuses listing asked beside late configs may reach a worker that is restarting
+    and be refused at once: it is asked again when the configs do not come, not taken as Connect's answer."""
+    policy = dataclasses.replace(POLICY, statuses_alongside_configs_after=0.05)
+
+    async def scenario() -> tuple[list[bool], dict[str, Any]]:
+        sync, kube, connect = _sync(policy)
+        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        await sync.observe(None, body)  # type: ignore[arg-type]
+        connect.listing = {"orders": _running("orders", config=sync.targets["shop", "orders"].config)}
+        connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]
+        calls: list[bool] = []
+
+        async def listing(*, configs: bool = True) -> dict[str, ConnectorView]:
+            calls.append(configs)
+            if configs:
+                await asyncio.sleep(0.3)
+                raise ConnectUnreachable("cannot reach Kafka Connect at http://connect:8083: TimeoutError()")
+            if calls.count(False) == 1:
+                raise ConnectUnreachable("Kafka Connect at http://connect:8083 answered 404: <html>")
+            return _statuses_only(connect.listing)
+
+        connect.list_expanded = listing  # type: ignore[method-assign]
+        await _sync_once(sync)
+        return calls, kube.statuses["orders"]
+
+    calls, status = asyncio.run(scenario())
+    assert calls == [True, False, False]
+    ready = conditions.find(status["conditions"], conditions.READY) or {}
+    assert ready.get("reason") != "ConnectUnreachable"

@@ -250,7 +250,7 @@ class ConnectSync:
             self._converging.discard(cluster)  # asked again every `unreachable_retry` s, not at the fast pace
             return
         self._listed[cluster] = len(listing)
-        self._note_tasks_starting(cluster, listing, targets, now)
+        self._note_tasks_starting(cluster, listing, targets, time.monotonic())
         if self._unreachable.ended(cluster):
             log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
@@ -258,7 +258,7 @@ class ConnectSync:
         # none while earlier creates are still under way (Connect is busy enough with those) or new
         # connectors are still starting: their Ready comes first, and topic asks and the status writes
         # they bring would queue ahead of it. Nor while Connect is still starting ours (`tasks_starting`).
-        if not quiet or self.tasks_starting.holds(cluster, now):
+        if not quiet or self.tasks_starting.holds(cluster, time.monotonic()):
             refresh_budget = [0]
         elif cluster in self._converging:
             refresh_budget = [self.policy.topic_refreshes_converging]
@@ -276,7 +276,7 @@ class ConnectSync:
             if self.targets.get(t.key) is t
             and t.key not in self._in_flight
             and self._finished_at.get(t.key, 0.0) < now  # `now`: just before the listing was asked for
-            and not self._at_rest(t, listing)
+            and not self._at_rest(t, listing, asking_topics=refresh_budget[0] > 0)
             and not self._unmoved(t, listing, asking_topics=refresh_budget[0] > 0)
         ]
         # Waiting for slow creates would hold back the next listing, and with it the Ready status
@@ -320,8 +320,10 @@ class ConnectSync:
             except (ConnectUnreachable, ConnectError) as exc:
                 if statuses is not None:
                     listing = statuses
-                else:
-                    listing = await (fallback or client.list_expanded(configs=False))
+                elif fallback is not None and not (fallback.done() and fallback.exception()):
+                    listing = await fallback  # under way (a partition: it fails too, one timeout later)
+                else:  # asked after, or failed at once (a worker restarting): asked again
+                    listing = await client.list_expanded(configs=False)
                 self.config_reads.not_answered(cluster, asked)
                 log.warning(
                     "Kafka Connect did not list its connectors' configs; statuses only for now",
@@ -354,14 +356,16 @@ class ConnectSync:
         ready = conditions.find(target.status.get("conditions"), READY) or {}
         return ready.get("reason", "Creating") in STARTUP_REASONS
 
-    def _at_rest(self, target: Target, listing: dict[str, ConnectorView]) -> bool:
+    def _at_rest(self, target: Target, listing: dict[str, ConnectorView], *, asking_topics: bool) -> bool:
         """A resource whose last reconcile left nothing to do, and whose connector has not moved since,
-        needs no reconcile now: a sync of 500 quiet connectors then costs little more than its listing."""
+        needs no reconcile now: a sync of 500 quiet connectors then costs little more than its listing.
+        Its topics being due counts only when this sync asks for topics."""
         assert target.spec is not None
         quiet, observed = target.quiet_view, listing.get(target.spec.connector)
         if quiet is None or observed is None or not reconcile.at_rest(quiet, observed):
             return False
-        return not self.publisher.heartbeat_due(target) and not (target.owned and target.topics_due_now())
+        topics_due = asking_topics and target.owned and target.topics_due_now()
+        return not self.publisher.heartbeat_due(target) and not topics_due
 
     def _unmoved(self, target: Target, listing: dict[str, ConnectorView], *, asking_topics: bool) -> bool:
         """A converging resource whose last reconcile had nothing to do, and whose connector looks as it
