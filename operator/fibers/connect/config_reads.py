@@ -1,4 +1,4 @@
-"""When the Connect sync lists a cluster's connectors with their configs, not only their statuses.
+"""When and how the Connect sync lists a cluster's connectors with their configs, not only their statuses.
 
 Configs are how drift is seen (a config changed by hand is written back) and how a connector's owner is
 read. Connect builds them at a cost that grows faster than its connectors (one request per connector in
@@ -11,9 +11,16 @@ seconds instead of making every resource unreachable.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from dataclasses import dataclass, field
 
 from fibers.connect.policy import ConnectPolicy
+from fibers.connect.rest import ConnectClient, ConnectError, ConnectorView, ConnectUnreachable
+from fibers.redact import redact
+
+log = logging.getLogger("fibers.connect")
 
 
 @dataclass
@@ -26,6 +33,57 @@ class ConfigReads:
     _asked_at: dict[str, float] = field(default_factory=dict)  # when the last answered one was asked
     _took: dict[str, float] = field(default_factory=dict)  # how long that one took, in seconds
     _unanswered_at: dict[str, float] = field(default_factory=dict)  # when the last unanswered one was asked
+
+    async def listing(
+        self,
+        client: ConnectClient,
+        cluster: str,
+        configs: bool,
+        *,
+        statuses: dict[str, ConnectorView] | None = None,
+    ) -> tuple[dict[str, ConnectorView], bool]:
+        """The cluster's listing, and whether it carries configs. A listing with configs that Connect does not
+        answer is stood in for by one of statuses only, asked as soon as the configs are late
+        (`ConnectPolicy.statuses_alongside_configs_after`), or by `statuses`, this sync's: the resources'
+        states stay known, their configs are asked again later. A Connect that answers neither is
+        unreachable after one timeout (raised from here)."""
+        if not configs:
+            return await client.list_expanded(configs=False), False
+        asked = time.monotonic()
+        with_configs = asyncio.ensure_future(client.list_expanded(configs=True))
+        fallback: asyncio.Future[dict[str, ConnectorView]] | None = None
+        try:
+            if statuses is None:
+                await asyncio.wait([with_configs], timeout=self.policy.statuses_alongside_configs_after)
+                if not with_configs.done():
+                    fallback = asyncio.ensure_future(client.list_expanded(configs=False))
+            try:
+                listing = await with_configs
+            except (ConnectUnreachable, ConnectError) as exc:
+                if statuses is not None:
+                    listing = statuses
+                elif fallback is not None and not (fallback.done() and fallback.exception()):
+                    listing = await fallback  # under way (a partition: it fails too, one timeout later)
+                else:  # asked after, or failed at once (a worker restarting): asked again
+                    listing = await client.list_expanded(configs=False)
+                self.not_answered(cluster, asked)
+                log.warning(
+                    "Kafka Connect did not list its connectors' configs; statuses only for now",
+                    extra={
+                        "cluster": cluster,
+                        "error": redact(str(exc), ()),
+                        "retry_seconds": self.policy.config_read_retry,
+                    },
+                )
+                return listing, False
+        finally:
+            for call in (with_configs, fallback):
+                if call is not None and not call.done():
+                    call.cancel()  # configs answered, or this sync is being cancelled
+                elif call is not None and not call.cancelled():
+                    call.exception()  # seen: a statuses listing not needed may have failed unheard
+        self.answered(cluster, asked, seconds=time.monotonic() - asked)
+        return listing, True
 
     def due(self, cluster: str, now: float, *, quiet: bool) -> bool:
         """Whether this sync's listing should carry configs: the periodic read, once the cluster is `quiet`

@@ -232,7 +232,9 @@ class ConnectSync:
         )
         try:
             client = self.clusters.client(cluster)
-            listing, with_configs = await self._list(client, cluster, self.config_reads.due(cluster, now, quiet=quiet))
+            listing, with_configs = await self.config_reads.listing(
+                client, cluster, self.config_reads.due(cluster, now, quiet=quiet)
+            )
             if (
                 not with_configs
                 and self.config_reads.may_force(cluster, now)
@@ -240,7 +242,7 @@ class ConnectSync:
                     t.spec and not t.problem and not t.config_verified and t.spec.connector in listing for t in targets
                 )
             ):
-                listing, with_configs = await self._list(client, cluster, True, statuses=listing)
+                listing, with_configs = await self.config_reads.listing(client, cluster, True, statuses=listing)
         except (ConnectUnreachable, ConnectError, ClusterUnavailable) as exc:
             message = redact(str(exc), ())
             self._note_unreachable(cluster, message)
@@ -291,57 +293,6 @@ class ConnectSync:
             self._converging.discard(cluster)
         else:
             self._converging.add(cluster)
-
-    async def _list(
-        self,
-        client: ConnectClient,
-        cluster: str,
-        configs: bool,
-        *,
-        statuses: dict[str, ConnectorView] | None = None,
-    ) -> tuple[dict[str, ConnectorView], bool]:
-        """The cluster's listing, and whether it carries configs. A listing with configs that Connect does not
-        answer (its herder busy, see `config_reads`) is stood in for by one of statuses only, asked as soon as
-        the configs are late (`ConnectPolicy.statuses_alongside_configs_after`), or by `statuses`, this
-        sync's: the resources' states stay known, their configs are asked again later. A Connect that
-        answers neither is unreachable after one timeout (raised from here)."""
-        if not configs:
-            return await client.list_expanded(configs=False), False
-        asked = time.monotonic()
-        with_configs = asyncio.ensure_future(client.list_expanded(configs=True))
-        fallback: asyncio.Future[dict[str, ConnectorView]] | None = None
-        try:
-            if statuses is None:
-                await asyncio.wait([with_configs], timeout=self.policy.statuses_alongside_configs_after)
-                if not with_configs.done():
-                    fallback = asyncio.ensure_future(client.list_expanded(configs=False))
-            try:
-                listing = await with_configs
-            except (ConnectUnreachable, ConnectError) as exc:
-                if statuses is not None:
-                    listing = statuses
-                elif fallback is not None and not (fallback.done() and fallback.exception()):
-                    listing = await fallback  # under way (a partition: it fails too, one timeout later)
-                else:  # asked after, or failed at once (a worker restarting): asked again
-                    listing = await client.list_expanded(configs=False)
-                self.config_reads.not_answered(cluster, asked)
-                log.warning(
-                    "Kafka Connect did not list its connectors' configs; statuses only for now",
-                    extra={
-                        "cluster": cluster,
-                        "error": redact(str(exc), ()),
-                        "retry_seconds": self.policy.config_read_retry,
-                    },
-                )
-                return listing, False
-        finally:
-            for call in (with_configs, fallback):
-                if call is not None and not call.done():
-                    call.cancel()  # configs answered, or this sync is being cancelled
-                elif call is not None and not call.cancelled():
-                    call.exception()  # seen: a statuses listing not needed may have failed unheard
-        self.config_reads.answered(cluster, asked, seconds=time.monotonic() - asked)
-        return listing, True
 
     def _busy(self, targets: list[Target]) -> bool:
         """Some of these resources are still being reconciled from an earlier sync (creates waiting their
