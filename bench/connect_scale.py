@@ -130,6 +130,7 @@ def _serve(upstream: str, count: Any, port: Any, journal: Path) -> None:
 # How long a phase may take before the run gives up: Connect starts tasks more slowly as it holds more of
 # them (at N=5,000 on two workers ~1.5 tasks/s at the end, all RUNNING after ~25 min), so it grows with N.
 PATIENCE_SECONDS = 900
+DELETE_ATTEMPTS = 5  # collection deletes the API server may time out on before a phase's cleanup gives up
 PATIENCE_SECONDS_PER_CONNECTOR = 0.8
 
 
@@ -385,6 +386,8 @@ def operator_run(
         names = [f"{namespace}-c{i}" for i in range(n)]
         polling = polling_loop_calls(proxy_url, names, proxy)
         scraped = scrape_figures(port)
+        steady_figures = {"steady_calls_per_interval": round(steady, 2), "polling_loop_calls_per_interval": polling}
+        say(f"N={n}: at rest: {json.dumps(steady_figures | {'rss_mib': round(rss, 1), 'cpu_s': round(cpu, 1)})}")
         say(f"N={n}: cleaning up")
         delete_all(custom, namespace, n)
         time.sleep(2)  # the last deletions' handlers
@@ -432,7 +435,16 @@ def scrape_figures(port: int) -> dict[str, Any]:
 
 
 def delete_all(custom: client.CustomObjectsApi, namespace: str, n: int) -> None:
-    custom.delete_collection_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")
+    """Delete the phase's resources. At 5,000 the API server gave up answering the collection delete (504)
+    while still deleting: it is asked again, a few times, rather than losing the run's figures."""
+    for attempt in range(1, DELETE_ATTEMPTS + 1):
+        try:
+            custom.delete_collection_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")
+            break
+        except client.ApiException as exc:
+            if exc.status != 504 or attempt == DELETE_ATTEMPTS:
+                raise
+            say(f"the API server timed out deleting {n} resources (attempt {attempt}); asking again")
     wait(
         lambda: not custom.list_namespaced_custom_object("fibers.dev", "v1beta1", namespace, "connects")["items"],
         patience(n),
