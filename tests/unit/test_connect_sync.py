@@ -30,6 +30,7 @@ from fibers.api import (
 from fibers.connect.clusters import ClusterSpec
 from fibers.connect.ownership import OWNER_KEY
 from fibers.connect.policy import POLICY, ConnectPolicy
+from fibers.connect.reconcile import Target
 from fibers.connect.registry import ClusterSettings, ConnectClusters, Known
 from fibers.connect.rest import ConnectError, ConnectorView, ConnectUnreachable
 from fibers.connect.settings import SyncSettings
@@ -138,6 +139,33 @@ def _body(name: str, **meta: Any) -> dict[str, Any]:
             "secretConfig": {"password": {"secretKeyRef": {"name": "db", "key": "password"}}},
         },
     }
+
+
+def _claimed(name: str) -> dict[str, Any]:
+    """A resource that holds the claim on its connector (annotation and finalizer)."""
+    return _body(name, finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: name})
+
+
+async def _ready_beside(sync: ConnectSync, other: str) -> tuple[Target, Target]:
+    """Two claimed resources: "older", Ready with its topics unknown and due, and `other`."""
+    for name in ("older", other):
+        await sync.observe(None, _claimed(name))  # type: ignore[arg-type]
+    older = sync.targets["shop", "older"]
+    older.status = {"conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
+    older.topics_due = 0.0
+    return older, sync.targets["shop", other]
+
+
+def _recording_topics(connect: LaggingConnect) -> list[str]:
+    """The connectors whose topics are asked from now on (each reports one)."""
+    asked: list[str] = []
+
+    async def topics(name: str) -> list[str]:
+        asked.append(name)
+        return [f"{name}-topic"]
+
+    connect.topics = topics  # type: ignore[method-assign]
+    return asked
 
 
 def _sync(policy: ConnectPolicy = POLICY) -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
@@ -405,7 +433,7 @@ def _count_reconciles(sync: ConnectSync) -> list[str]:
 def test_a_quiet_connector_costs_no_reconcile_until_it_moves() -> None:
     async def scenario() -> list[int]:
         sync, _, connect = _sync()
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         await sync.observe(None, body)  # type: ignore[arg-type]
         target = sync.targets["shop", "orders"]
         target.status["topics"] = ["t"]
@@ -519,7 +547,7 @@ def test_a_running_connector_whose_topics_are_unknown_waits_while_creates_are_un
             await creates(name, config, initial_state)
 
         connect.create = slow_create  # type: ignore[method-assign]
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         await sync.observe(None, body)  # type: ignore[arg-type]
         await sync.observe(None, _body("slow"))  # type: ignore[arg-type]
         orders = sync.targets["shop", "orders"]
@@ -550,19 +578,8 @@ def test_topics_are_asked_only_once_new_connectors_report_ready() -> None:
 
     async def scenario() -> tuple[list[str], list[str], list[str]]:
         sync, kube, connect = _sync()
-        asked: list[str] = []
-
-        async def topics(name: str) -> list[str]:
-            asked.append(name)
-            return [f"{name}-topic"]
-
-        connect.topics = topics  # type: ignore[method-assign]
-        owned = {"finalizers": [CONNECT_FINALIZER]}
-        for name in ("older", "fresh"):
-            await sync.observe(None, _body(name, annotations={ANNOTATION_OWNED_CONNECTOR: name}, **owned))  # type: ignore[arg-type]
-        older, fresh = sync.targets["shop", "older"], sync.targets["shop", "fresh"]
-        older.status = {"conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
-        older.topics_due = 0.0  # its topics are unknown and due
+        asked = _recording_topics(connect)
+        older, fresh = await _ready_beside(sync, "fresh")  # "older": its topics are unknown and due
         fresh.created_at = time.monotonic()  # created by us a moment ago, Ready not written yet
         connect.listing = {n: _running(n, config=t.config) for n, t in (("older", older), ("fresh", fresh))}
         await _sync_once(sync)
@@ -782,7 +799,7 @@ def test_a_connector_from_before_the_owner_record_is_taken_over_only_with_its_ex
 
     async def scenario(config_of: str) -> LaggingConnect:
         sync, _, connect = _sync()
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         await sync.observe("ADDED", body)  # type: ignore[arg-type]
         legacy = {k: v for k, v in sync.targets["shop", "orders"].config.items() if k != OWNER_KEY}
         if config_of == "someone else":
@@ -804,7 +821,7 @@ def test_a_restarted_operator_does_not_rewrite_a_status_that_has_not_changed() -
         """One operator process (it has written nothing yet) seeing the resource with `stored` as its
         status, over three syncs of a running connector; the statuses it wrote."""
         sync, kube, connect = _sync()
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         if stored is not None:
             body["status"] = copy.deepcopy(stored)
         await sync.observe(None, body)  # type: ignore[arg-type]
@@ -842,7 +859,7 @@ def test_a_config_listing_connect_does_not_answer_in_time_falls_back_to_statuses
     async def scenario() -> tuple[list[bool], dict[str, Any]]:
         sync, kube, connect = _sync()
         asked: list[bool] = []
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         await sync.observe(None, body)  # type: ignore[arg-type]
         connect.listing = {"orders": _running("orders", config=sync.targets["shop", "orders"].config)}
         connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]
@@ -896,7 +913,7 @@ def test_a_connect_that_answers_nothing_is_unreachable_after_one_timeout_not_two
     async def scenario() -> tuple[list[tuple[str, bool]], dict[str, Any]]:
         sync, kube, connect = _sync(policy)
         calls: list[tuple[str, bool]] = []
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         await sync.observe(None, body)  # type: ignore[arg-type]
 
         async def hung(*, configs: bool = True) -> dict[str, ConnectorView]:
@@ -921,25 +938,15 @@ def test_topics_and_configs_wait_while_connect_is_still_starting_our_connectors(
 
     async def scenario() -> tuple[list[str], list[bool], list[str], list[bool]]:
         sync, _kube, connect = _sync()
-        topic_asks: list[str] = []
+        topic_asks = _recording_topics(connect)
         config_asks: list[bool] = []
-
-        async def topics(name: str) -> list[str]:
-            topic_asks.append(name)
-            return [f"{name}-topic"]
 
         async def listing(*, configs: bool = True) -> dict[str, ConnectorView]:
             config_asks.append(configs)
             return dict(connect.listing) if configs else _statuses_only(connect.listing)
 
-        connect.topics = topics  # type: ignore[method-assign]
         connect.list_expanded = listing  # type: ignore[method-assign]
-        owned = {"finalizers": [CONNECT_FINALIZER]}
-        for name in ("older", "waiting"):
-            await sync.observe(None, _body(name, annotations={ANNOTATION_OWNED_CONNECTOR: name}, **owned))  # type: ignore[arg-type]
-        older, waiting = sync.targets["shop", "older"], sync.targets["shop", "waiting"]
-        older.status = {"conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
-        older.topics_due = 0.0  # its topics are unknown and due
+        older, waiting = await _ready_beside(sync, "waiting")  # "older": its topics are unknown and due
         older.config_verified = waiting.config_verified = True  # read before: only the periodic read is due
         no_task = ConnectorView.from_listing(
             "waiting", {"status": {"connector": {"state": "RUNNING"}, "tasks": []}, "info": {"config": waiting.config}}
@@ -1007,7 +1014,7 @@ def test_a_statuses_listing_refused_at_once_beside_a_late_configs_listing_is_ask
 
     async def scenario() -> tuple[list[bool], dict[str, Any]]:
         sync, kube, connect = _sync(policy)
-        body = _body("orders", finalizers=[CONNECT_FINALIZER], annotations={ANNOTATION_OWNED_CONNECTOR: "orders"})
+        body = _claimed("orders")
         await sync.observe(None, body)  # type: ignore[arg-type]
         connect.listing = {"orders": _running("orders", config=sync.targets["shop", "orders"].config)}
         connect.topics = lambda name: _topics()  # type: ignore[method-assign,assignment]

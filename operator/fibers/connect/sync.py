@@ -252,7 +252,7 @@ class ConnectSync:
             self._converging.discard(cluster)  # asked again every `unreachable_retry` s, not at the fast pace
             return
         self._listed[cluster] = len(listing)
-        self._note_tasks_starting(cluster, listing, targets, time.monotonic())
+        connect_starting = self._note_tasks_starting(cluster, listing, targets, time.monotonic())
         if self._unreachable.ended(cluster):
             log.info("Kafka Connect reachable again", extra={"cluster": cluster})
         self.clusters.note_listing(cluster, listing)
@@ -260,7 +260,7 @@ class ConnectSync:
         # none while earlier creates are still under way (Connect is busy enough with those) or new
         # connectors are still starting: their Ready comes first, and topic asks and the status writes
         # they bring would queue ahead of it. Nor while Connect is still starting ours (`tasks_starting`).
-        if not quiet or self.tasks_starting.holds(cluster, time.monotonic()):
+        if not quiet or connect_starting:
             refresh_budget = [0]
         elif cluster in self._converging:
             refresh_budget = [self.policy.topic_refreshes_converging]
@@ -374,18 +374,20 @@ class ConnectSync:
 
     def _note_tasks_starting(
         self, cluster: str, listing: dict[str, ConnectorView], targets: list[Target], now: float
-    ) -> None:
-        """Count ours that Connect has not started, and log when topic asks and config reads start or stop
-        waiting for them."""
+    ) -> bool:
+        """Count ours that Connect has not started; whether topic asks and config reads wait for them (logged
+        when that changes)."""
         held = self.tasks_starting.holds(cluster, now)
         self.tasks_starting.observe(cluster, listing, (t.spec.connector for t in targets if t.spec), now)
-        if self.tasks_starting.holds(cluster, now) != held:
+        holds = self.tasks_starting.holds(cluster, now)
+        if holds != held:
             log.info(
                 "Kafka Connect is starting our connectors: topic asks and config reads wait"
                 if not held
                 else "topic asks and config reads go on",
                 extra={"cluster": cluster, "not_started": self.tasks_starting.count(cluster)},
             )
+        return holds
 
     def _note_unreachable(self, cluster: str, message: str) -> None:
         """Log an outage when it starts or its error changes, then at most every `unreachable_log_every` s:
