@@ -21,7 +21,7 @@ from fibers.connect.registry import ConnectClusters
 from fibers.connect.spec import KIND as CONNECT_KIND
 from fibers.connect.spec import PLURAL as CONNECTS
 from fibers.connect.sync import ConnectSync
-from fibers.databus import handlers as _databus_handlers  # noqa: F401  (registers handlers)
+from fibers.databus import handlers as _databus_handlers  # registers handlers
 from fibers.databus.reconciler import DatabusReconciler
 from fibers.databus.workload import CHILDREN as DATABUS_CHILDREN
 from fibers.databus.workload import KIND as DATABUS_KIND
@@ -59,6 +59,7 @@ _WATCHING: tuple[Callable[..., Any], ...] = (
     _connect_handlers.connect_cluster_event,
     _connect_handlers.namespace_event,
     _transform_handlers.transform_event,
+    _databus_handlers.consumer_event,
     _schema_handlers.registry_event,
     _schema_handlers.schema_event,
     _replay_handlers.replay_event,

@@ -19,10 +19,12 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fibers import memory
+from fibers.changes import Changes
 from fibers.kube import describe
 from fibers.kubeapi import transient
 from fibers.logs import Repeats
@@ -93,6 +95,7 @@ class Reconciles:
         self._started: dict[Key, float] = {}  # when each known resource's last reconcile started
         self._logged = Repeats(self.pacing.log_every)
         self._wake = asyncio.Event()
+        self.changes = Changes()  # what each resource's last watch event showed of what it acts on
         self.done = 0  # reconciles finished, failed ones included
 
     def register(self, kind: str, reconcile: Reconcile) -> None:
@@ -101,9 +104,18 @@ class Reconciles:
     def soon(self, kind: str, namespace: str, name: str, delay: float = 0.0) -> None:
         """Look at this resource in `delay` seconds (or sooner, if it is due sooner already).
 
-        Called from kopf's handlers, which makes the resource known to the queue."""
+        Called from kopf's handlers (through `observe`), which makes the resource known to the queue."""
         self._known.add((kind, namespace, name))
         self.at((kind, namespace, name), time.time() + delay)
+
+    def observe(self, kind: str, event_type: str | None, meta: Mapping[str, Any]) -> None:
+        """A watch event of a resource of this kind (kopf.on.event): looked at now if it is new to this
+        process or changed what its reconcile acts on (`fibers.changes`), not at our own status writes.
+        One being deleted is left to its deletion (a handler, or its children's owner references)."""
+        if event_type == "DELETED":
+            self.changes.forget(kind, meta["namespace"], meta["name"])
+        elif not meta.get("deletionTimestamp") and self.changes.changed(kind, meta):
+            self.soon(kind, meta["namespace"], meta["name"])
 
     def nudge(self, kind: str, namespace: str, name: str, delay: float) -> None:
         """Look at a resource kopf has handed over (a child's event about any other is dropped) now, or,
@@ -111,7 +123,7 @@ class Reconciles:
         `delay` from these events, and none of them left waiting when it arrives after a quiet spell.
 
         A standby operator (kopf peering) gets no kopf handler calls until it is the active one, so it
-        knows no resource and acts on none; the active one knows each from its resume or create handler.
+        knows no resource and acts on none; the active one knows each from its watch events (`observe`).
         """
         key = (kind, namespace, name)
         if key in self._known:

@@ -57,5 +57,5 @@ def test_kopfs_success_line_is_dropped_for_every_watch_handler_and_only_for_thos
         return quiet.filter(logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None))
 
     assert not kept(logging.INFO, "Handler 'connect_event' succeeded.")
-    assert kept(logging.INFO, "Handler 'transform_changed' succeeded.")  # a change handler's: kept
+    assert kept(logging.INFO, "Handler 'consumer_deleted' succeeded.")  # a change handler's: kept
     assert kept(logging.ERROR, "Handler 'connect_event' failed with an exception and will try again in 60 seconds")

@@ -19,15 +19,13 @@ from fibers.readiness import Readiness
 from fibers.reconciles import Reconciles
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-async def consumer_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """New, changed, or found at start-up: looked at now."""
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def consumer_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Found at start-up, new, or changed: looked at now; our own status writes are no change (`fibers.changes`)."""
     readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
     readiness.seen(PLURAL, body["metadata"]["namespace"], body["metadata"]["name"])
     reconciles: Reconciles = memo.reconciles
-    reconciles.soon(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
+    reconciles.observe(KIND, event.get("type"), body["metadata"])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -25,23 +25,16 @@ from fibers.reconciles import Reconciles
 from fibers.transform.spec import KIND, PLURAL
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-async def transform_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """New, changed, or found at start-up: looked at now."""
-    reconciles: Reconciles = memo.reconciles
-    reconciles.soon(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def transform_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Any change, its status's too: the Transforms and consumers reading its output look again.
-    Gone: its series and queue entry go with it (a missed DELETED leaves only series, until a restart)."""
+    """Found at start-up, new, or changed: looked at now; our own status writes are no change (`fibers.changes`),
+    but the Transforms and consumers reading its output look again at any. Gone: its series and queue entry
+    go with it (a missed DELETED leaves only series, until a restart)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
     readiness.seen(PLURAL, namespace, name)
     reconciles: Reconciles = memo.reconciles
+    reconciles.observe(KIND, event.get("type"), body["metadata"])
     if event.get("type") == "DELETED":
         await reconciles.retire(KIND, namespace, name)  # a reconcile in flight sets no series after this
         metrics.forget_transform(namespace, name)
