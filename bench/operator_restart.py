@@ -145,14 +145,14 @@ def snapshot(api: client.ApiClient, namespace: str, connect_url: str) -> dict[st
         )
         for pod in core.list_namespaced_pod(namespace).items
     }
-    statuses = httpx.get(f"{connect_url}/connectors", params={"expand": "status"}, timeout=60).json()
+    listed = httpx.get(f"{connect_url}/connectors", params={"expand": "status"}, timeout=60).json()
     connectors = {
         name: (
             entry["status"]["connector"]["state"],
             entry["status"]["connector"]["worker_id"],
             tuple((t["id"], t["state"], t["worker_id"]) for t in entry["status"]["tasks"]),
         )
-        for name, entry in statuses.items()
+        for name, entry in listed.items()
         if name.startswith(f"{namespace}-")
     }
     return {"versions": versions, "statuses": statuses, "pods": pods, "connectors": connectors}
