@@ -72,6 +72,7 @@ ROUND_FIGURES = (
     "api_requests",
     "api_writes",
     "rewritten",
+    "heartbeat_writes",  # the Connect status heartbeat's: rounds past 5 minutes at rest meet it
     "restarted",
 )
 HEARTBEAT_S = 300.0  # ConnectPolicy.status_heartbeat: an unchanged Connect status is written again this often
