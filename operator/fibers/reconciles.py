@@ -108,14 +108,18 @@ class Reconciles:
         self._known.add((kind, namespace, name))
         self.at((kind, namespace, name), time.time() + delay)
 
-    def observe(self, kind: str, event_type: str | None, meta: Mapping[str, Any]) -> None:
+    def observe(self, kind: str, event_type: str | None, meta: Mapping[str, Any]) -> bool:
         """A watch event of a resource of this kind (kopf.on.event): looked at now if it is new to this
         process or changed what its reconcile acts on (`fibers.changes`), not at our own status writes.
-        One being deleted is left to its deletion (a handler, or its children's owner references)."""
+        One being deleted is left to its deletion (a handler, or its children's owner references).
+
+        True when the event ends the resource this process knows under that name (its DELETED, and not
+        that of an earlier one of the name): the caller then retires it and drops what it said of it."""
         if event_type == "DELETED":
-            self.changes.forget(kind, meta["namespace"], meta["name"])
-        elif not meta.get("deletionTimestamp") and self.changes.changed(kind, meta):
+            return self.changes.gone(kind, meta)
+        if not meta.get("deletionTimestamp") and self.changes.changed(kind, meta):
             self.soon(kind, meta["namespace"], meta["name"])
+        return False
 
     def nudge(self, kind: str, namespace: str, name: str, delay: float) -> None:
         """Look at a resource kopf has handed over (a child's event about any other is dropped) now, or,

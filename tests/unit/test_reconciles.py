@@ -14,8 +14,12 @@ import kopf
 import pytest
 
 from fibers import controller
+from fibers.api import FINALIZER
+from fibers.databus import handlers as databus_handlers
 from fibers.kubeapi import Unreachable
+from fibers.readiness import Readiness
 from fibers.reconciles import Again, Pacing, Reconciles
+from fibers.transform import handlers as transform_handlers
 from fibers.transform import runs
 from fibers.upstream import Dependents, Ref
 from fibers.watches import Scope
@@ -347,3 +351,42 @@ def test_a_watch_event_is_looked_at_only_when_it_changes_what_the_reconcile_acts
     assert not looked_at("DELETED")
     del meta["deletionTimestamp"]
     assert looked_at("ADDED", uid="u2", generation=1)  # created again
+
+
+def test_a_late_deleted_event_of_an_earlier_resource_does_not_end_the_one_created_under_its_name() -> None:
+    """kopf handles each uid's events apart: after a delete and an apply, the new Transform's first event may
+    be handled before the old one's DELETED. That DELETED must not retire the new one, which would then be
+    looked at by nothing (not even its children's events) until it changed."""
+    queue = Reconciles(FAST)
+    old = {"namespace": "shop", "name": "etl", "uid": "u1", "generation": 1}
+    new = {**old, "uid": "u2"}
+
+    async def event(kind: str | None, meta: dict[str, Any]) -> None:
+        raw: Any = {"type": kind, "object": {"metadata": dict(meta)}}
+        memo = kopf.Memo(reconciles=queue, readiness=Readiness())
+        await transform_handlers.transform_event(event=raw, body=kopf.Body(raw["object"]), memo=memo)
+
+    asyncio.run(event(None, old))
+    asyncio.run(event("ADDED", new))
+    asyncio.run(event("DELETED", old))
+    assert queue.due("Transform", "shop", "etl") is not None  # the new one is still looked at
+    asyncio.run(event("DELETED", new))
+    assert queue.due("Transform", "shop", "etl") is None
+
+
+def test_a_consumer_is_handed_over_once_it_carries_the_finalizer_its_delete_handler_needs() -> None:
+    """kopf adds its finalizer after the event handlers have run: a consumer whose StatefulSet was made first
+    could be deleted without its delete handler (checkpoint retention, its series)."""
+    queue = Reconciles(FAST)
+    meta: dict[str, Any] = {"namespace": "shop", "name": "orders", "uid": "u1", "generation": 1}
+
+    async def event(kind: str | None) -> None:
+        raw: Any = {"type": kind, "object": {"metadata": dict(meta)}}
+        memo = kopf.Memo(reconciles=queue, readiness=Readiness())
+        await databus_handlers.consumer_event(event=raw, body=kopf.Body(raw["object"]), memo=memo)
+
+    asyncio.run(event("ADDED"))
+    assert queue.due("DatabusConsumer", "shop", "orders") is None
+    meta["finalizers"] = [FINALIZER]
+    asyncio.run(event("MODIFIED"))  # kopf's patch
+    assert queue.due("DatabusConsumer", "shop", "orders") is not None

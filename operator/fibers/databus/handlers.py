@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from fibers import metrics
-from fibers.api import GROUP, VERSION
+from fibers.api import FINALIZER, GROUP, VERSION
 from fibers.databus.reconciler import DatabusReconciler
 from fibers.databus.workload import KIND, PLURAL
 from fibers.readiness import Readiness
@@ -21,9 +21,15 @@ from fibers.reconciles import Reconciles
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def consumer_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Found at start-up, new, or changed: looked at now; our own status writes are no change (`fibers.changes`)."""
+    """Found at start-up, new, or changed: looked at now; our own status writes are no change (`fibers.changes`).
+
+    Not before it carries kopf's finalizer: kopf adds it after this handler has run, and a consumer whose
+    StatefulSet was made before it could be deleted without its delete handler (checkpoint retention).
+    The event that shows the finalizer hands it over."""
     readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
     readiness.seen(PLURAL, body["metadata"]["namespace"], body["metadata"]["name"])
+    if event.get("type") != "DELETED" and FINALIZER not in (body["metadata"].get("finalizers") or []):
+        return
     reconciles: Reconciles = memo.reconciles
     reconciles.observe(KIND, event.get("type"), body["metadata"])
 

@@ -34,8 +34,7 @@ async def transform_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     readiness: Readiness = memo.readiness  # the pod is Ready once kopf has handed over what existed
     readiness.seen(PLURAL, namespace, name)
     reconciles: Reconciles = memo.reconciles
-    reconciles.observe(KIND, event.get("type"), body["metadata"])
-    if event.get("type") == "DELETED":
+    if reconciles.observe(KIND, event.get("type"), body["metadata"]):
         await reconciles.retire(KIND, namespace, name)  # a reconcile in flight sets no series after this
         metrics.forget_transform(namespace, name)
     reconciles.changed(KIND, namespace, name)
