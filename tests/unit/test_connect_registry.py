@@ -177,3 +177,22 @@ def test_a_restarted_operator_writes_no_connect_cluster_status_that_has_not_chan
     assert status["workers"] == ["w1:8083"] and status["connectors"] == 1 and first
     again, _ = _probed_twice(status)
     assert again == []
+
+
+def test_a_late_deleted_event_of_an_earlier_cluster_does_not_drop_the_one_created_under_its_name() -> None:
+    """kopf handles each uid's events apart: a ConnectCluster deleted and created again (Argo CD's replace) may
+    have its new one's first event handled before the old one's DELETED. That DELETED must not forget the new
+    cluster, or every Connect placed on it would wait for a cluster that is there."""
+
+    async def scenario() -> list[str]:
+        registry = ConnectClusters(Secrets({}), ClusterSettings())  # type: ignore[arg-type]
+        spec = {"url": "http://c:8083"}
+        await registry.observe(None, {"metadata": {"name": "c", "uid": "u1", "generation": 1}, "spec": spec})
+        await registry.observe("ADDED", {"metadata": {"name": "c", "uid": "u2", "generation": 1}, "spec": spec})
+        await registry.observe("DELETED", {"metadata": {"name": "c", "uid": "u1", "generation": 1}, "spec": spec})
+        kept = [known.uid for known in registry.known.values()]
+        await registry.observe("DELETED", {"metadata": {"name": "c", "uid": "u2", "generation": 1}, "spec": spec})
+        await registry.aclose()
+        return kept + list(registry.known)
+
+    assert asyncio.run(scenario()) == ["u2"]

@@ -183,6 +183,23 @@ async def _sync_once(sync: ConnectSync) -> None:
     await asyncio.gather(*sync._in_flight.values())
 
 
+def test_a_late_deleted_event_of_an_earlier_resource_does_not_drop_the_one_created_under_its_name() -> None:
+    """kopf handles each uid's events apart: after a delete and a create under one name, the new resource's
+    first event may be handled before the old one's DELETED, which must not make the sync forget the new one
+    (its connector would then be made by nothing until the resource changed)."""
+
+    async def scenario() -> ConnectSync:
+        sync, _, _ = _sync()
+        await sync.observe(None, _body("orders", uid="u1"))  # type: ignore[arg-type]
+        await sync.observe("ADDED", _body("orders", uid="u2"))  # type: ignore[arg-type]
+        await sync.observe("DELETED", _body("orders", uid="u1"))  # type: ignore[arg-type]
+        assert sync.targets["shop", "orders"].uid == "u2"
+        await sync.observe("DELETED", _body("orders", uid="u2"))  # type: ignore[arg-type]
+        return sync
+
+    assert ("shop", "orders") not in asyncio.run(scenario()).targets
+
+
 def test_a_connector_just_created_is_not_created_again_while_the_listing_lags() -> None:
     async def scenario() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
         sync, kube, connect = _sync()

@@ -19,6 +19,7 @@ from fibers.databus import handlers as databus_handlers
 from fibers.kubeapi import Unreachable
 from fibers.readiness import Readiness
 from fibers.reconciles import Again, Pacing, Reconciles
+from fibers.replay import handlers as replay_handlers
 from fibers.transform import handlers as transform_handlers
 from fibers.transform import runs
 from fibers.upstream import Dependents, Ref
@@ -353,25 +354,27 @@ def test_a_watch_event_is_looked_at_only_when_it_changes_what_the_reconcile_acts
     assert looked_at("ADDED", uid="u2", generation=1)  # created again
 
 
-def test_a_late_deleted_event_of_an_earlier_resource_does_not_end_the_one_created_under_its_name() -> None:
-    """kopf handles each uid's events apart: after a delete and an apply, the new Transform's first event may
+@pytest.mark.parametrize("kind", ["Transform", "Replay"])
+def test_a_late_deleted_event_of_an_earlier_resource_does_not_end_the_one_created_under_its_name(kind: str) -> None:
+    """kopf handles each uid's events apart: after a delete and an apply, the new resource's first event may
     be handled before the old one's DELETED. That DELETED must not retire the new one, which would then be
     looked at by nothing (not even its children's events) until it changed."""
     queue = Reconciles(FAST)
     old = {"namespace": "shop", "name": "etl", "uid": "u1", "generation": 1}
     new = {**old, "uid": "u2"}
+    handler: Any = {"Transform": transform_handlers.transform_event, "Replay": replay_handlers.replay_event}[kind]
 
-    async def event(kind: str | None, meta: dict[str, Any]) -> None:
-        raw: Any = {"type": kind, "object": {"metadata": dict(meta)}}
+    async def event(event_type: str | None, meta: dict[str, Any]) -> None:
+        raw: Any = {"type": event_type, "object": {"metadata": dict(meta)}}
         memo = kopf.Memo(reconciles=queue, readiness=Readiness())
-        await transform_handlers.transform_event(event=raw, body=kopf.Body(raw["object"]), memo=memo)
+        await handler(event=raw, body=kopf.Body(raw["object"]), memo=memo)
 
     asyncio.run(event(None, old))
     asyncio.run(event("ADDED", new))
     asyncio.run(event("DELETED", old))
-    assert queue.due("Transform", "shop", "etl") is not None  # the new one is still looked at
+    assert queue.due(kind, "shop", "etl") is not None  # the new one is still looked at
     asyncio.run(event("DELETED", new))
-    assert queue.due("Transform", "shop", "etl") is None
+    assert queue.due(kind, "shop", "etl") is None
 
 
 def test_a_consumer_is_handed_over_once_it_carries_the_finalizer_its_delete_handler_needs() -> None:

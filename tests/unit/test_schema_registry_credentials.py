@@ -84,3 +84,16 @@ def test_an_empty_registry_is_the_default_in_a_claim_too() -> None:
     meta = {"creationTimestamp": "2026-01-01T00:00:00Z"}
     claims = schema_claims(namespace="a", name="x", spec={"subject": "s", "registry": ""}, meta=meta)
     assert claims["s"].registry is None
+
+
+def test_a_late_deleted_event_of_an_earlier_registry_does_not_stop_the_probes_of_the_new_one() -> None:
+    """A SchemaRegistry deleted and created again under its name: the old one's DELETED, handled after the new
+    one's first event (kopf handles each uid's events apart), must not forget the new one."""
+    operator = SchemaOperator(Namespaces(), SchemaSettings(), default_registry=None)  # type: ignore[arg-type]
+    spec = {"url": "http://registry:8081"}
+    operator.observe_registry(None, "main", {"metadata": {"name": "main", "uid": "u1"}, "spec": spec})
+    operator.observe_registry("ADDED", "main", {"metadata": {"name": "main", "uid": "u2"}, "spec": spec})
+    operator.observe_registry("DELETED", "main", {"metadata": {"name": "main", "uid": "u1"}, "spec": spec})
+    assert operator._registries["main"]["metadata"]["uid"] == "u2" and "main" in operator._due
+    operator.observe_registry("DELETED", "main", {"metadata": {"name": "main", "uid": "u2"}, "spec": spec})
+    assert "main" not in operator._registries and "main" not in operator._due

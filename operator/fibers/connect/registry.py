@@ -76,6 +76,10 @@ class ConnectClusters:
         meta = body["metadata"]
         name = meta["name"]
         if event_type == "DELETED":
+            # Not the DELETED of an earlier cluster of this name handled after the new one's first event
+            # (kopf handles each uid's events apart): the new one stays.
+            if (current := self.known.get(name)) and current.uid != meta.get("uid"):
+                return
             if gone := self.known.pop(name, None):
                 await self._close(gone)
             self.on_change()

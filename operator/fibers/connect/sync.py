@@ -104,7 +104,11 @@ class ConnectSync:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
-            self._drop(key)
+            # kopf handles each uid's events apart: the DELETED of one deleted and created again under its
+            # name (Argo CD's replace) may come after the new one's first event, and must not drop the new one.
+            known = self.targets.get(key)
+            if known is None or known.uid == meta.get("uid"):
+                self._drop(key)
             return
         await self.intake.observe(body)
         if meta.get("deletionTimestamp"):

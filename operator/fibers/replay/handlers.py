@@ -22,7 +22,9 @@ async def replay_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
     readiness: Readiness = memo.readiness
     readiness.seen(PLURAL, namespace, name)
     reconciles: Reconciles = memo.reconciles
+    ended = reconciles.observe(KIND, event.get("type"), body["metadata"])  # a late DELETED of an earlier one is not
     if event.get("type") == "DELETED":
-        await reconciles.retire(KIND, namespace, name)
+        if ended:
+            await reconciles.retire(KIND, namespace, name)
         return
-    reconciles.soon(KIND, namespace, name)
+    reconciles.soon(KIND, namespace, name)  # its own status too: each step's write brings the next look

@@ -227,6 +227,9 @@ class SchemaOperator:
     def observe_registry(self, event_type: str | None, name: str, body: dict[str, Any]) -> None:
         """Probe a SchemaRegistry now when it is new or its spec changed; forget a deleted one."""
         if event_type == "DELETED":
+            known = self._registries.get(name)
+            if known is not None and known["metadata"].get("uid") != body["metadata"].get("uid"):
+                return  # the DELETED of an earlier registry of this name, handled after the new one's first event
             self._registries.pop(name, None)
             self._due.pop(name, None)
             return
