@@ -56,10 +56,7 @@ class Changes:
         its new one's first event handled before the old one's DELETED, which must not end the new one."""
         key = (kind, meta["namespace"], meta["name"])
         seen = self._seen.get(key)
-        if seen is not None and seen[0] != meta.get("uid"):
+        if seen is not None and seen[0] != meta.get("uid"):  # an essence begins with its uid
             return False
         self._seen.pop(key, None)
         return True
-
-    def __len__(self) -> int:
-        return len(self._seen)
