@@ -35,6 +35,17 @@ def exit_message(pods: list[dict[str, Any]]) -> tuple[int, str]:
     return -1, ""
 
 
+def none_left(statefulset: dict[str, Any] | None) -> bool:
+    """Whether the StatefulSet is scaled to none and its controller has seen every pod of it go (it counts a
+    terminating pod until it is gone): a stopped consumer at rest, whose pods need not be listed. False
+    without one, as pods of a StatefulSet deleted without them may be left."""
+    if statefulset is None:
+        return False
+    meta, spec, status = (statefulset.get(k) or {} for k in ("metadata", "spec", "status"))
+    scaled_to_none = int(spec.get("replicas", 1)) == 0 and not int(status.get("replicas") or 0)
+    return scaled_to_none and int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+
+
 def ordinal(pod: dict[str, Any]) -> int:
     """A StatefulSet pod's ordinal, the number after its name's last dash (-1 if it has none)."""
     tail = str((pod.get("metadata") or {}).get("name") or "").rsplit("-", 1)[-1]

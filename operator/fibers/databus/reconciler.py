@@ -192,8 +192,11 @@ class DatabusReconciler:
         pinned = p.status.get("sources") if upstreams and p.status.get("timelines") else None
         p.topics, p.waiting, moved = workload.consumed_topics(p.spec, upstreams, pinned, p.namespace)
         p.producers = workload.producers(upstreams, p.namespace)
-        if p.topics and not (p.waiting or p.conflict):
-            p.conflict = await self._foreign_lease(p.namespace, p.name, p.topics)
+        # A Lease named as one of its partitions that its instances did not make is left alone, and the consumer
+        # says so. A stopped one takes no partition: the Leases (one per running partition) are read once it runs.
+        if p.topics and not (p.waiting or p.conflict or report.stopped(p.spec)):
+            leases = await self.kube.items(path("coordination.k8s.io/v1", "leases", p.namespace))
+            p.conflict = owners.foreign_leases(leases, p.name, [owners.lease_prefix(p.name, t) for t in p.topics])
         if moved and (p.namespace, p.name, moved) not in self._told:
             self._told.add((p.namespace, p.name, moved))
             self._post(
@@ -341,9 +344,8 @@ class DatabusReconciler:
         ConfigMap its successors make again (fencing tokens start afresh there), and they would resume there."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         await self.kube.delete(path("apps/v1", "statefulsets", namespace, name), propagation="Foreground")
-        selector = f"{LABEL_CONSUMER}={body['metadata']['name']}"
         deadline = time.monotonic() + SEEK_STOP_WAIT_SECONDS
-        while pods := await self.kube.items(path("v1", "pods", namespace), labelSelector=selector):
+        while pods := await self._pods(namespace, name):
             if time.monotonic() >= deadline:
                 log.warning("seek: instances still running", extra={**ctx, "nonce": nonce, "instances": len(pods)})
                 return len(pods)
@@ -352,11 +354,8 @@ class DatabusReconciler:
         log.warning("seek: checkpoints removed", extra={**ctx, "to": to.to_dict(), "nonce": nonce})
         return 0
 
-    async def _foreign_lease(self, namespace: str, name: str, topics: list[str]) -> str:
-        """A Lease named as one of the consumer's partitions that its instances did not make: they leave it
-        (and its partition) alone, and the consumer says so."""
-        leases = await self.kube.items(path("coordination.k8s.io/v1", "leases", namespace))
-        return owners.foreign_leases(leases, name, [owners.lease_prefix(name, topic) for topic in topics])
+    async def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
 
     async def delete_checkpoints(self, body: dict[str, Any]) -> None:
         """Delete the consumer's checkpoint ConfigMap (a seek, or `retention: Delete`), if it is the consumer's:
@@ -402,7 +401,7 @@ class DatabusReconciler:
         cm_annotations = (cm or {}).get("metadata", {}).get("annotations") or {}
         wanted = int(spec.get("instances", 1))
         stopped_at, stopped = report.stopped_instances(cm_annotations, wanted)
-        pods = await self.kube.items(path("v1", "pods", namespace), labelSelector=f"{LABEL_CONSUMER}={name}")
+        pods = [] if instances.none_left(sts) else await self._pods(namespace, name)
         exited_at, exited = instances.exit_message(pods)
         failure, failing_at = (stopped, stopped_at) if stopped else (exited, exited_at)
         unready = ""
