@@ -25,12 +25,14 @@ its exit, as a pod deletion does it) and a new one started. Figures:
   rss_mib          — the new process's resident memory at the end.
 The last line printed is one JSON object with every figure.
 
-With `--rounds R` the operator is restarted R times on the same resources (`--workers 4,8`: the new
-process's reconcile workers, one setting per round in turn); the figures are the median round's of the
-first setting, every round is listed, and each setting's median time to observe all is given.
+With `--rounds R` the operator is restarted R times on the same resources, the settings taking turns:
+`--against REV` runs every other round on the operator code of git revision REV (paired rounds of the code
+before and after a change, on one machine and one set of resources), `--workers 4,8` the new process's
+reconcile workers. The figures are the median round's of the first setting, every round is listed, and each
+setting's median time to observe all is given.
 
     .venv/bin/python -m bench.operator_restart [--size 1000] [--running 2] [--settle 30] [--after 30]
-                                               [--rounds 1] [--workers 4,8]
+                                               [--rounds 1] [--workers 4,8] [--against REV]
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -65,7 +67,7 @@ WRITES = ("create", "update", "patch", "delete", "deletecollection")
 SYNC_INTERVAL = 10.0  # the chart's connect.syncIntervalSeconds
 POLL = 1.0  # seconds between two looks at the new process's /metrics (a scrape costs it ~35 ms of CPU at N=1,000)
 ROUND_FIGURES = (
-    "workers",
+    "setting",
     "observed_s",
     "ready_s",
     "cpu_s_while_observing",
@@ -78,21 +80,50 @@ ROUND_FIGURES = (
 HEARTBEAT_S = 300.0  # ConnectPolicy.status_heartbeat: an unchanged Connect status is written again this often
 
 
+class Setting(NamedTuple):
+    """What a round's new process runs: this checkout's operator or a revision's, and its reconcile workers."""
+
+    code: str  # "HEAD" (this checkout) or the revision given to --against
+    source: Path | None  # that revision's operator/ directory (None: this checkout's)
+    workers: int | None  # None: the operator's default
+
+    @property
+    def label(self) -> str:
+        return f"{self.code} workers={self.workers or 'default'}"
+
+
+THIS_CHECKOUT = Setting("HEAD", None, None)
+
+
+def settings(workers: list[int], against: str | None, workdir: Path) -> list[Setting]:
+    """The settings the rounds take in turn: the code alternating every round, the workers every pass."""
+    codes: list[tuple[str, Path | None]] = [("HEAD", None)]
+    if against:
+        tree = workdir / "against"
+        tree.mkdir()
+        archive = subprocess.run(["git", "archive", against, "operator"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        codes.append((against, tree / "operator"))
+    return [Setting(code, source, w) for w in (workers or [None]) for code, source in codes]
+
+
 class Operator:
     """One operator process watching the benchmark's namespace, Kafka Connect reached through the proxy."""
 
-    def __init__(self, info: stack.StackInfo, namespace: str, log_file: Path, workers: int | None = None) -> None:
+    def __init__(self, info: stack.StackInfo, namespace: str, log_file: Path, setting: Setting = THIS_CHECKOUT) -> None:
         self.port = free_port()
+        # As the operator image runs it: without the `kubernetes` package (RSS is the image's); a revision's
+        # operator code, when the setting names one, ahead of this checkout's.
+        paths = (str(WITHOUT_KUBERNETES), str(setting.source or ""), os.environ.get("PYTHONPATH"))
         env = {
             **os.environ,
             **info.env(),
-            **({"FIBERS_RECONCILE_WORKERS": str(workers)} if workers else {}),
+            **({"FIBERS_RECONCILE_WORKERS": str(setting.workers)} if setting.workers else {}),
             "FIBERS_CONNECT_DEFAULT_CLUSTER": namespace,
             "FIBERS_CONNECT_SYNC_INTERVAL": str(SYNC_INTERVAL),
             "FIBERS_JOB_SERVICE_ACCOUNT": namespaces.JOBS_SERVICE_ACCOUNT,
             "FIBERS_CONSUMER_SERVICE_ACCOUNT": namespaces.CONSUMER_SERVICE_ACCOUNT,
-            # As the operator image runs it: without the `kubernetes` package (RSS is the image's).
-            "PYTHONPATH": os.pathsep.join(p for p in (str(WITHOUT_KUBERNETES), os.environ.get("PYTHONPATH")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         }
         self._log = log_file.open("ab")
         self.started = time.monotonic()
@@ -216,14 +247,14 @@ def restart(
     api: client.ApiClient,
     n: int,
     counted_s: float,
-    workers: int | None,
+    setting: Setting,
 ) -> tuple[Operator, dict[str, Any]]:
-    """One round: the operator stopped and a new one started (with `workers` reconcile workers, or the
-    default), timed until it has reconciled every resource, and its calls counted `counted_s` seconds more."""
+    """One round: the operator stopped and a new one started (as `setting` says), timed until it has
+    reconciled every resource, and its calls counted `counted_s` seconds more."""
     before = snapshot(api, namespace, info.connect_url)
-    say(f"restarting the operator (SIGTERM, then a new process; {workers or 'default'} reconcile workers)")
+    say(f"restarting the operator (SIGTERM, then a new process: {setting.label})")
     operator.stop()
-    operator = Operator(info, namespace, log_file, workers)
+    operator = Operator(info, namespace, log_file, setting)
     charged = {"operator": operator.process.pid} | {k: info.pids[k] for k in CHARGED if k in info.pids}
     cpu_before = {name: cpu_seconds(pid) for name, pid in charged.items()}
     observed_s = ready_s = -1.0
@@ -263,7 +294,7 @@ def restart(
     rewritten = [k for k in moved if k not in heartbeats]
     restarted = changed(before["connectors"], after["connectors"]) + changed(before["pods"], after["pods"])
     results: dict[str, Any] = {
-        "workers": workers or "default",
+        "setting": setting.label,
         "observed_s": round(observed_s, 1),
         "ready_s": round(ready_s, 1),
         "observed_s_by_kind": by_kind,
@@ -298,18 +329,20 @@ def restart(
 
 
 def headline(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median round of the first workers setting as the figures, every round beside them, and with two
-    settings, each one's median time to observe every resource (the rounds alternate, so both see the
-    same machine)."""
-    first = [r for r in rounds if r["workers"] == rounds[0]["workers"]]
+    """The median round of the first setting as the figures, every round beside them, and with two
+    settings, each one's median time to observe every resource and API requests (the rounds alternate, so
+    both see the same machine)."""
+    first = [r for r in rounds if r["setting"] == rounds[0]["setting"]]
     chosen = sorted(first, key=lambda r: r["observed_s"])[len(first) // 2]
     observed: dict[str, list[float]] = {}
+    requests: dict[str, list[int]] = {}
     for r in rounds:
-        observed.setdefault(str(r["workers"]), []).append(r["observed_s"])
-    medians = {workers: statistics.median(times) for workers, times in observed.items()}
+        observed.setdefault(r["setting"], []).append(r["observed_s"])
+        requests.setdefault(r["setting"], []).append(r["api_requests"])
     return chosen | {
         "rounds": [{k: r[k] for k in ROUND_FIGURES} for r in rounds],
-        "observed_s_median_by_workers": medians,
+        "observed_s_median_by_setting": {label: statistics.median(times) for label, times in observed.items()},
+        "api_requests_median_by_setting": {label: statistics.median(n) for label, n in requests.items()},
     }
 
 
@@ -326,6 +359,7 @@ def main() -> int:
         default=[],
         help="reconcile workers of the new process, one setting per round in turn (e.g. 4,8); default: the operator's",
     )
+    parser.add_argument("--against", help="a git revision whose operator code runs every other round")
     args = parser.parse_args()
     n = args.size
 
@@ -366,9 +400,10 @@ def main() -> int:
         say(f"all {3 * n} resources settled after {results['settled_s']} s; at rest for {args.settle:.0f} s")
         time.sleep(args.settle)
         rounds: list[dict[str, Any]] = []
+        turns = settings(args.workers, args.against, workdir)
         for i in range(args.rounds):
-            workers = args.workers[i % len(args.workers)] if args.workers else None
-            operator, figures = restart(operator, info, namespace, log_file, journal, api, n, args.after, workers)
+            setting = turns[i % len(turns)]
+            operator, figures = restart(operator, info, namespace, log_file, journal, api, n, args.after, setting)
             rounds.append(figures)
             if i + 1 < args.rounds:
                 time.sleep(args.settle)
