@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from typing import Any
 
 import orjson
@@ -235,3 +237,17 @@ def test_an_envelope_that_is_json_but_not_a_change_is_malformed_not_a_crash(valu
     """These raised ValueError or AttributeError out of decode, past the undecodable policy: a crash loop."""
     with pytest.raises(MalformedEvent, match="t/0@3: not JSON"):
         decode("t", 0, 3, b"1", value)
+
+
+def test_keys_that_are_not_text_stay_apart() -> None:
+    """Binary keys (a Java LongSerializer's, say) were read as text with the bytes UTF-8 cannot hold replaced:
+    every key past 127 became one key, so their rows overwrote each other in a view, a Kafka sink and the
+    bootstrap store. Such a key is now its bytes in base64; a key that is text reads as before."""
+    value = b'{"qty": 1}'
+    keys = [decode("t", 0, n, struct.pack(">q", n), value) for n in (128, 129, 255, 256)]
+    assert len({event.key for event in keys if event is not None}) == 4
+    assert (
+        decode("t", 0, 1, struct.pack(">q", 128), value).key
+        == "b64:" + base64.b64encode(struct.pack(">q", 128)).decode()
+    )  # type: ignore[union-attr]
+    assert decode("t", 0, 1, b"caf\xc3\xa9", value).key == "café"  # type: ignore[union-attr]

@@ -8,6 +8,7 @@ records (no Debezium envelope) the SCN is the Kafka offset and each record is it
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,6 +91,16 @@ def _unwrap(decoded: Any) -> Any:
     return decoded
 
 
+def _raw_key_text(key: bytes) -> str:
+    """A key that is neither JSON nor a registry's: its text, or, when it is not UTF-8 (a Java serializer's
+    long, say), its bytes in base64. Replacing the bytes UTF-8 cannot hold made every such key past 127 one
+    key, and their rows one row."""
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return "b64:" + base64.b64encode(key).decode()
+
+
 def _key_text(key: bytes | None, row: dict[str, Any] | None, parse: Parser = parse_json) -> str:
     if key:
         if key.isdigit():  # the common plain numeric key; json.loads would give the same text, slower
@@ -99,7 +110,7 @@ def _key_text(key: bytes | None, row: dict[str, Any] | None, parse: Parser = par
         except Exception as exc:  # a decoder's errors vary; its server away is no reason to take the key as text
             if getattr(exc, "transient", False):
                 raise
-            return key.decode(errors="replace")
+            return _raw_key_text(key)
         if isinstance(decoded, dict):
             return (
                 json.dumps(decoded, sort_keys=True, separators=(",", ":"))
