@@ -94,7 +94,7 @@ def test_a_view_forgets_its_keys_when_the_instance_takes_partitions(mongo_sink: 
     """pod-0 applied k's insert and delete, pod-1 (after a scale-up) wrote k again, the partition came back
     to pod-0 (scale-down): k's delete must be sent, not skipped as "deleted already"."""
     server = FakeServer()
-    mongo_sink.collection = GuardedCollection(None, server=server)
+    mongo_sink.collections["view"] = GuardedCollection(None, server=server)
     sinks = SinkSet([mongo_sink], ["view"], timeout=5)
     try:
         deliver(sinks, [[change("k", 100, "c", v=1)]])

@@ -11,6 +11,7 @@ import pytest
 from fibers.consumer.callbacks import Callback, Result, WindowFailed
 from fibers.consumer.driver import CallbackDriver, CallbackTimeout
 from fibers.consumer.events import ChangeEvent
+from fibers.consumer.sinks import MongoSink
 from fibers.consumer.testing import Feeder, change
 from fibers.databus.config import ConfigError, ConsumerConfig
 from fibers.databus.workload import SINK_URI_ENV, render_config, statefulset
@@ -234,3 +235,36 @@ def test_an_undecodable_policy_that_cannot_run_is_refused_naming_the_field(
     )
     with pytest.raises(ConfigError, match=message):
         config.check()
+
+
+def test_a_view_of_several_topics_keeps_each_topics_rows_apart() -> None:
+    """A view keeps one document per row key. Two tables' rows of one key (order 1, item 1: a Debezium
+    connector capturing both, read through its sourceRef) were one document, each change overwriting the
+    other's row, and the key's SCN guard skipping the older table's changes. Such a view is refused unless
+    its collection names each topic's own (`{topic}`), and then each topic's rows go to their collection."""
+    topics = ["shop.public.orders", "shop.public.items"]
+    shared = render_config(body(sink=mongo()), topics=topics, kafka_bootstrap="kafka:9092")
+    with pytest.raises(ConfigError, match=r"spec.sink.collection: .*2 topics.*\{topic\}"):
+        ConsumerConfig.from_dict(shared).check()
+    history = render_config(body(sink={**mongo(), "type": "history"}), topics=topics, kafka_bootstrap="kafka:9092")
+    ConsumerConfig.from_dict(history).check()  # a history is keyed by topic, partition and offset
+    ConsumerConfig.from_dict(render_config(body(sink=mongo()), topics=topics[:1], kafka_bootstrap="k:9092")).check()
+
+    apart = render_config(body(sink={**mongo(), "collection": "v_{topic}"}), topics=topics, kafka_bootstrap="k:9092")
+    sink = ConsumerConfig.from_dict(apart).check().sinks[0]
+    applied: dict[str, list[str]] = {}
+
+    class Collection:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def apply(self, events: list[ChangeEvent]) -> None:
+            applied.setdefault(self.name, []).extend(f"{e.topic}/{e.key}" for e in events)
+
+    view = MongoSink.__new__(MongoSink)
+    view.template, view.collections = sink["collection"], {}
+    view.open = Collection  # type: ignore[assignment]
+    order = change("1", {"id": 1, "total": 9}, scn=100, topic=topics[0])
+    item = change("1", None, scn=200, op="d", before={"id": 1}, topic=topics[1])
+    view.flush([order, item])
+    assert applied == {"v_shop.public.orders": ["shop.public.orders/1"], "v_shop.public.items": ["shop.public.items/1"]}

@@ -40,7 +40,7 @@ from fibers.consumer.stops import ConsumerStopped, StoppedWaiting, Stopping
 from fibers.consumer.telemetry import SinkFigures, Snapshot, Telemetry, Timeline
 from fibers.consumer.tuning import KAFKA_CONSUMER, KAFKA_METADATA_TIMEOUT_SECONDS
 from fibers.consumer.undecodable import UndecodablePolicy
-from fibers.databus.config import ConsumerConfig
+from fibers.databus.config import TOPIC, ConsumerConfig
 from fibers.databus.timelines import parse_timeline_key
 from fibers.kubeapi import Api
 from fibers.redact import redact
@@ -314,14 +314,16 @@ class Runtime:
     def _datasets(self) -> tuple[list[lineage.DatasetRef], list[lineage.DatasetRef]]:
         bootstrap, events = self.config.bootstrap_servers, self.progress.events
         producers = self.config.producers
-        inputs = [
-            lineage.kafka(bootstrap, t, None, lineage.Producer.from_dict(producers.get(t))) for t in self.config.topics
-        ]
+        topics = self.config.topics
+        inputs = [lineage.kafka(bootstrap, t, None, lineage.Producer.from_dict(producers.get(t))) for t in topics]
         outputs: list[lineage.DatasetRef] = []
         for sink in self.config.sinks:
             if sink["type"] in ("mongodb", "history"):
-                uri = os.environ.get(sink.get("uriEnv", ""), "")
-                outputs.append(lineage.mongodb(uri, sink["database"], sink["collection"], events))
+                uri, collection = os.environ.get(sink.get("uriEnv", ""), ""), str(sink["collection"])
+                if TOPIC in collection:  # a collection per topic: how many rows each got is not counted
+                    outputs += [lineage.mongodb(uri, sink["database"], collection.replace(TOPIC, t)) for t in topics]
+                else:
+                    outputs.append(lineage.mongodb(uri, sink["database"], collection, events))
             elif sink["type"] == "kafka":
                 outputs.append(lineage.kafka(bootstrap, sink["topic"], events))
         return inputs, outputs

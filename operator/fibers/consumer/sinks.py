@@ -23,6 +23,7 @@ from fibers.consumer.events import ChangeEvent
 from fibers.consumer.mongo_servers import detect
 from fibers.consumer.store import BootstrapStore, GuardedCollection
 from fibers.consumer.tuning import KAFKA_SINK_FLUSH_SECONDS, KAFKA_SINK_QUEUE_FULL_WAIT_SECONDS
+from fibers.databus.config import TOPIC
 from fibers.mongodb import SELECTION_TIMEOUT_MS
 
 log = logging.getLogger("fibers.consumer.sink")
@@ -43,7 +44,9 @@ class MongoSink(WindowSink):
     """A materialised view: one document per key, never moved back to an older SCN.
 
     How the writes reach the server (FerretDB's or MongoDB's way) is detected on the first flush,
-    from the server the client talks to: see fibers.consumer.mongo_servers.
+    from the server the client talks to: see fibers.consumer.mongo_servers. A collection name with
+    `{topic}` in it is each topic's own (two tables' rows of one key are two rows); without it there is
+    one collection, which the configuration allows for one topic only (`fibers.databus.config`).
     """
 
     failpoint, failpoint_error = "mongo.write", AutoReconnect
@@ -51,13 +54,31 @@ class MongoSink(WindowSink):
     def __init__(self, uri_env: str, database: str, collection: str, *, reapply: bool = False) -> None:
         super().__init__()
         self.client = _mongo(uri_env)
-        self.collection = GuardedCollection(self.client[database][collection], reapply=reapply)
+        self.database, self.template, self.reapply = self.client[database], collection, reapply
+        self.collections: dict[str, GuardedCollection] = {}  # by name, opened on a topic's first rows
+
+    def open(self, name: str) -> GuardedCollection:
+        return GuardedCollection(self.database[name], reapply=self.reapply)
+
+    def _collection(self, topic: str) -> GuardedCollection:
+        name = self.template.replace(TOPIC, topic)
+        if (found := self.collections.get(name)) is None:
+            found = self.collections[name] = self.open(name)
+        return found
 
     def flush(self, events: list[ChangeEvent]) -> None:
-        self.collection.apply(events)
+        if TOPIC not in self.template:
+            self._collection("").apply(events)
+            return
+        by_topic: dict[str, list[ChangeEvent]] = {}
+        for event in events:
+            by_topic.setdefault(event.topic, []).append(event)
+        for topic, rows in by_topic.items():
+            self._collection(topic).apply(rows)
 
     def on_timelines_taken(self, timelines: list[str]) -> callbacks.Result:
-        self.collection.forget()
+        for collection in self.collections.values():
+            collection.forget()
         return callbacks.Result.SUCCESS
 
     def close(self) -> None:

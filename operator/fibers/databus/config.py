@@ -144,7 +144,7 @@ class ConsumerConfig:
         if self.callback_timeout <= 0:
             raise ConfigError(f"spec.callbackPolicy.timeoutSeconds must be positive, not {self.callback_timeout}")
         for sink in self.sinks:
-            _check_sink(sink, str(sink["field"]))
+            _check_sink(sink, str(sink["field"]), self.topics)
         names = [str(sink["name"]) for sink in self.sinks]
         if len(set(names)) != len(names):
             raise ConfigError(f"spec.sinks: names must be distinct (name the sinks of one type); {names}")
@@ -153,7 +153,7 @@ class ConsumerConfig:
         return self
 
 
-def _check_sink(sink: dict[str, Any], where: str) -> None:
+def _check_sink(sink: dict[str, Any], where: str, topics: list[str]) -> None:
     kind = sink.get("type")
     if kind not in SINK_TYPES:
         raise ConfigError(f"{where}.type must be one of {', '.join(SINK_TYPES)}, not {kind!r}")
@@ -163,10 +163,19 @@ def _check_sink(sink: dict[str, Any], where: str) -> None:
         collection = str(sink.get("collection") or "")
         if not collection or "$" in collection or "\x00" in collection or collection.startswith("system."):
             raise ConfigError(f"{where}.collection: {collection!r} is not a collection name (no $, not system.*)")
+        if kind == "mongodb" and len(topics) > 1 and TOPIC not in collection:
+            raise ConfigError(
+                f"{where}.collection: a view holds one document per row key, so the {len(topics)} topics it reads "
+                f"({', '.join(topics)}) would overwrite each other's rows that share a key; put {TOPIC} in the name "
+                "to give each topic its own collection"
+            )
     if kind == "kafka":
         _check_topics([str(sink.get("topic") or "")], f"{where}.topic")
     if kind == "callback" and not _CALLBACK.match(str(sink.get("callback") or "")):
         raise ConfigError(f"{where}.callback: {sink.get('callback')!r} is not package.module:Class")
+
+
+TOPIC = "{topic}"  # in a mongodb sink's collection name: the topic whose rows it holds
 
 
 def _check_topics(topics: list[str], where: str) -> None:
