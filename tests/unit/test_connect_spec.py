@@ -132,3 +132,30 @@ def test_a_sink_cannot_name_its_consumer_group(field: str) -> None:
     value: Any = {"secretKeyRef": {"name": "s", "key": "k"}} if field == "secretConfig" else "connect-b-sink"
     with pytest.raises(SpecError, match=rf"spec\.{field}\.consumer\.override\.group\.id"):
         parse(_spec(**{field: {"consumer.override.group.id": value}}), "orders")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["${file:/etc/kafka/team-b.properties:password}", "jdbc:x?p=${directory:/mnt/team-b:password}", "${env:X}"],
+)
+def test_a_config_value_asking_kafka_connects_config_providers_is_refused(value: str) -> None:
+    """Kafka Connect replaces `${provider:[path:]key}` with what a provider set up on its workers reads (a
+    worker's file or directory, its environment, Secrets the workers may read): none of them the namespace's.
+    A connector config may not ask for one, from `config` or from a Secret's value."""
+    with pytest.raises(SpecError, match=r"spec\.config\.database\.password: .*config provider"):
+        parse(_spec(config={"database.password": value}), "orders")
+    spec = parse(_spec(secretConfig={"database.password": {"secretKeyRef": {"name": "db", "key": "p"}}}), "orders")
+    with pytest.raises(SpecError, match=r"spec\.secretConfig\.database\.password: .*config provider"):
+        spec.full_config({"database.password": value}, "shop/orders")
+
+
+def test_dollars_and_braces_that_ask_no_provider_are_kept() -> None:
+    config = {"transforms.route.replacement": "$1", "query": "{a}", "regex": "${name}", "price": "$5:{x}"}
+    assert parse(_spec(config=config), "orders").config == config
+
+
+def test_a_secret_value_refused_is_not_quoted() -> None:
+    spec = parse(_spec(secretConfig={"database.password": {"secretKeyRef": {"name": "db", "key": "p"}}}), "orders")
+    with pytest.raises(SpecError) as refused:
+        spec.full_config({"database.password": "s3cr3t${file:/x:y}"}, "shop/orders")
+    assert "s3cr3t" not in str(refused.value) and "file:" not in str(refused.value)

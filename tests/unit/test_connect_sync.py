@@ -1054,3 +1054,23 @@ def test_a_statuses_listing_refused_at_once_beside_a_late_configs_listing_is_ask
     assert calls == [True, False, False]
     ready = conditions.find(status["conditions"], conditions.READY) or {}
     assert ready.get("reason") != "ConnectUnreachable"
+
+
+def test_a_secret_whose_value_asks_a_config_provider_creates_nothing_and_is_said_without_its_value() -> None:
+    """Kafka Connect would replace `${file:…}` with a worker's file: a Secret of the namespace cannot ask for
+    one either. The connector is not created, and the condition names the key, never the value."""
+
+    async def scenario() -> tuple[ConnectSync, RecordingKube, LaggingConnect]:
+        sync, kube, connect = _sync()
+        kube.secret_value = lambda *_: asyncio.sleep(0, "pw${file:/etc/team-b.properties:password}")  # type: ignore[method-assign]
+        await sync.observe(None, _body("orders"))  # type: ignore[arg-type]
+        await _sync_once(sync)
+        return sync, kube, connect
+
+    sync, kube, connect = asyncio.run(scenario())
+    assert connect.creates == [] and connect.puts == []
+    problem = sync.targets["shop", "orders"].problem
+    assert problem is not None and problem.reason == "InvalidSpec"
+    assert problem.message.startswith("spec.secretConfig.password: the Secret's value asks a Kafka Connect config")
+    said = repr(kube.statuses) + repr(kube.events)
+    assert "team-b" not in said and "pw" not in said.replace("password", "")

@@ -189,9 +189,14 @@ class Intake:
         except Exception as exc:  # e.g. forbidden, or the API server busy: reported, and read again
             target.problem = Condition(READY, False, "SecretUnreadable", f"cannot read a Secret: {describe(exc)}")
             return
+        try:
+            config = target.spec.full_config(values, target.owner)
+        except SpecError as exc:  # a Secret's value asking a config provider (the message holds no value)
+            target.problem = Condition(READY, False, "InvalidSpec", str(exc))
+            return
         target.problem = None
         target.secrets = tuple(values.values())
-        target.config = target.spec.full_config(values, target.owner)
+        target.config = config
 
     async def secret_changed(self, key: Key, secret: str) -> bool:
         """A Secret the resource names changed (or went): its values read again; whether the config changed

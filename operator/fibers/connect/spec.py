@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -20,6 +21,12 @@ GROUP_OVERRIDE = "consumer.override.group.id"
 # spec.state → the state Kafka Connect reports once it is reached.
 # `suspended` is the word every kind shares (nothing runs, positions kept): a STOPPED connector, offsets kept.
 CONNECT_STATES = {"running": "RUNNING", "paused": "PAUSED", "stopped": "STOPPED", "suspended": "STOPPED"}
+
+
+# Kafka Connect replaces `${provider:[path:]key}` in a connector's config with what a config provider set up on
+# its workers reads: a worker's file or directory, its environment, or Secrets the workers may read. None of
+# them is the namespace's, so no value may ask for one (Kafka's own ConfigTransformer pattern).
+_PROVIDER_REFERENCE = re.compile(r"\$\{[^}]*?:[^}]*?\}")
 
 
 class SpecError(ValueError):
@@ -93,7 +100,9 @@ class ConnectSpec:
 
     def full_config(self, secret_values: dict[str, str], owner: str) -> dict[str, str]:
         """The configuration Kafka Connect is given: user config, secrets, and the fields we own (the
-        owner among them, see `fibers.connect.ownership`)."""
+        owner among them, see `fibers.connect.ownership`). SpecError: a Secret's value asks a config provider."""
+        for key, value in secret_values.items():
+            refuse_provider_reference(value, f"spec.secretConfig.{key}", secret=True)
         return {
             **self.config,
             **secret_values,
@@ -102,6 +111,16 @@ class ConnectSpec:
             "tasks.max": str(self.tasks_max),
             OWNER_KEY: owner,
         }
+
+
+def refuse_provider_reference(value: str, where: str, *, secret: bool = False) -> None:
+    """SpecError naming `where` when the value asks a config provider (quoting it, unless it is a Secret's)."""
+    if found := _PROVIDER_REFERENCE.search(value):
+        what = "the Secret's value" if secret else repr(found.group(0)[:60])
+        raise SpecError(
+            f"{where}: {what} asks a Kafka Connect config provider for a value (a worker's files, environment "
+            "or Secrets, not this namespace's); give the value itself, or a Secret's through secretConfig"
+        )
 
 
 def config_value(value: Any) -> str:
@@ -120,6 +139,7 @@ def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
             config[key] = config_value(value)
         except SpecError as exc:
             raise SpecError(f"spec.config.{key}: {exc}") from None
+        refuse_provider_reference(config[key], f"spec.config.{key}")
     refs = {
         key: SecretRef(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
         for key, ref in (spec.get("secretConfig") or {}).items()
