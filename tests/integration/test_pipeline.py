@@ -259,12 +259,18 @@ def test_bad_references_are_refused_by_the_api_server(
     assert refused.value.status == 422 and words in str(refused.value.body)
 
 
-def test_source_refs_cannot_change(consumers: Resources, unique: str) -> None:
+def test_what_the_checkpoints_are_kept_for_cannot_change(consumers: Resources, unique: str) -> None:
+    """The sources, and the ConfigMap the checkpoints are in: a consumer given another name for it found no
+    checkpoint and started over from startFrom (at `latest`, every record since its last checkpoint skipped)."""
     spec = {"sourceRefs": [{"connectRef": {"name": "a"}}], "sink": {"type": "log"}, "state": "stopped"}
     consumers.create(unique, spec)
     with pytest.raises(ApiException) as refused:
         consumers.patch(unique, {"spec": {"sourceRefs": [{"connectRef": {"name": "b"}}]}})
     assert refused.value.status == 422 and "sourceRefs cannot be changed" in str(refused.value.body)
+    with pytest.raises(ApiException) as refused:
+        consumers.patch(unique, {"spec": {"checkpoint": {"configMapName": f"{unique}-elsewhere"}}})
+    assert refused.value.status == 422 and "checkpoint.configMapName cannot be changed" in str(refused.value.body)
+    consumers.patch(unique, {"spec": {"checkpoint": {"minIntervalSeconds": 2}}})  # the rest of checkpoint may
     wait_for(lambda: consumers.status(unique).get("phase"), timeout=30, what="a status")
 
 
