@@ -277,12 +277,15 @@ def bootstrap_page(
 
 
 def load(spec: str, options: dict[str, Any]) -> Callback:
-    """A user callback given as "package.module:Class", constructed with the sink options."""
+    """A user callback given as "package.module:Class", constructed with the sink options.
+
+    The class is checked before it is built: any class of the image can be named, and building one runs its
+    code with the spec's options (`subprocess:Popen` would run the spec's command)."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise ValueError(f"callback must look like package.module:Class, got {spec!r}")
     cls = pkgutil.resolve_name(spec)
-    instance = cls(**options)
-    if not isinstance(instance, Callback):
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise TypeError(f"{spec} must subclass fibers.consumer.callbacks.Callback")
+    instance: Callback = cls(**options)
     return instance
