@@ -30,7 +30,7 @@ class ForwardingProxy:
                     return
                 forwarded = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "content-type")}
                 answer = httpx.request(self.command, upstream + self.path, content=body, headers=forwarded, timeout=60)
-                self._reply(answer.status_code, answer.content)
+                self._reply(*proxy.answered(self.command, self.path, answer.status_code, answer.content))
 
             def _reply(self, status: int, content: bytes) -> None:
                 self.send_response(status)
@@ -53,6 +53,11 @@ class ForwardingProxy:
         """An answer of the proxy's own instead of the upstream's; None forwards the request (`headers`
         are looked up without regard to case)."""
         return None
+
+    def answered(self, method: str, path: str, status: int, content: bytes) -> tuple[int, bytes]:
+        """What the client hears of the upstream's answer (a subclass's fault: an answer lost after the
+        upstream acted on the request); the answer itself by default."""
+        return status, content
 
     def close(self) -> None:
         self.server.shutdown()

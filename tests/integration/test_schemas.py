@@ -376,3 +376,42 @@ def test_a_registry_with_authentication_is_used_with_its_secret_which_is_read_on
             platform_resources.delete(kube, name, plural=platform_resources.SCHEMA_REGISTRIES)
         core.delete_namespaced_secret(allowed, "default")
         proxy.close()
+
+
+class LosingProxy(ForwardingProxy):
+    """The stack's Apicurio behind a gateway that loses the registry's answer to the first register call
+    (its own 502, as when it times out while the registry writes): the version is stored, unheard of."""
+
+    def __init__(self, upstream: str) -> None:
+        self.lost = 0
+        super().__init__(upstream)
+
+    def answered(self, method: str, path: str, status: int, content: bytes) -> tuple[int, bytes]:
+        if method == "POST" and path.endswith("/versions") and not self.lost:
+            self.lost += 1
+            return 502, b"<html><body>502 Bad Gateway</body></html>"
+        return status, content
+
+
+def test_a_first_registration_whose_answer_was_lost_stays_the_schemas(
+    schemas: Resources, registry: httpx.Client, kube: ApiClient, stack_info: StackInfo, unique: str
+) -> None:
+    """The status said `managed` only once the register call was answered: its answer lost, the next look
+    found the subject with a version "registered outside Fibers" (SubjectExists) for good, and deletionPolicy
+    Delete left the subject behind. `status.registering`, written before the call, tells it apart."""
+    proxy = LosingProxy(stack_info.registry_url)
+    lossy, subject = f"{unique}-lossy", f"{unique}-value"
+    platform_resources.apply(kube, lossy, proxy.url + apicurio.CCOMPAT, plural=platform_resources.SCHEMA_REGISTRIES)
+    try:
+        spec = {"subject": subject, "schema": avro(ID), "registry": lossy, "deletionPolicy": "Delete"}
+        schemas.create(unique, spec)
+        schemas.wait_condition(unique, "True", "Registered", timeout=90)
+        status = schemas.status(unique)
+        assert proxy.lost == 1 and versions(registry, subject) == [1]
+        assert status["managed"] is True and status["registeredVersions"] == [1] and "registering" not in status
+        schemas.delete(unique)
+        wait_for(lambda: not schemas.exists(unique), timeout=60, what="gone")
+        assert versions(registry, subject) == []
+    finally:
+        platform_resources.delete(kube, lossy, plural=platform_resources.SCHEMA_REGISTRIES)
+        proxy.close()

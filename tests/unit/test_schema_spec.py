@@ -148,6 +148,17 @@ def test_a_new_url_of_the_same_store_is_recognised_by_what_the_schema_registered
     assert not plan.same_store({**status, "registeredVersions": []}, [1, 2], (2, 41))
 
 
+def test_a_first_registration_is_recognised_by_resource_server_subject_and_payload() -> None:
+    spec = parse_schema({"subject": "orders", "schema": '"string"'})
+    status = {plan.REGISTERING: plan.registering("u1", spec, A)}
+    assert plan.was_registering(status, "u1", spec, RegistrySpec("renamed", "http://A:80/apis/ccompat/v7/", False))
+    assert not plan.was_registering(status, "u2", spec, A)  # a Schema created again under the name
+    assert not plan.was_registering(status, "u1", spec, RegistrySpec("a", "http://elsewhere", False))
+    assert not plan.was_registering(status, "u1", parse_schema({"subject": "orders", "schema": '"long"'}), A)
+    assert not plan.was_registering(status, "u1", parse_schema({"subject": "other", "schema": '"string"'}), A)
+    assert not plan.was_registering({}, "u1", spec, A)
+
+
 def test_a_registry_with_a_namespace_selector_refuses_other_namespaces() -> None:
     team_a_only = parse_registry("shared", {"url": "http://r", "namespaceSelector": {"matchLabels": {"team": "a"}}})
     assert choose_registry("shared", [team_a_only], None, ("orders", {"team": "a"})) == team_a_only

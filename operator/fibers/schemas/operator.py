@@ -37,6 +37,8 @@ from fibers.wake import sleep_until_woken
 
 log = logging.getLogger("fibers.schemas")
 
+REGISTERING = "Registering"  # the reason while a new subject's first register call is made
+
 
 class CredentialsUnavailable(Exception):
     """A Secret the SchemaRegistry names cannot be read, or is outside the credential namespaces."""
@@ -148,8 +150,16 @@ class SchemaOperator:
             out.conditions = conditions.stalled("SubjectOwned", message)
             await self._write(body, out)
             return
+
+        async def write_ahead(record: dict[str, Any]) -> None:
+            """Before a new subject's first register call, through the status path of every look: the
+            register is not made if this write fails."""
+            waiting = conditions.waiting(REGISTERING, f"registering {spec.subject!r} on SchemaRegistry {registry.name}")
+            await self._write(body, Outcome(status={**kept, plan.REGISTERING: record}, conditions=waiting))
+            kept[plan.REGISTERING] = record  # and kept through a look that then fails
+
         try:
-            out = await steps.reconcile(spec, registry, await self.client(registry), status)
+            out = await steps.reconcile(spec, registry, await self.client(registry), status, uid, write_ahead)
         except CredentialsUnavailable as exc:
             out = Outcome(status=kept)
             out.conditions = conditions.waiting(
@@ -175,25 +185,36 @@ class SchemaOperator:
         return selector_matches(dict(registry.namespace_selector), dict(labels))
 
     async def delete_schema(self, body: dict[str, Any], registries: Iterable[RegistrySpec]) -> None:
-        """deletionPolicy Delete soft-deletes a subject this resource managed; Retain (the default) keeps it."""
-        spec, status = parse_schema(body["spec"]), dict(body.get("status") or {})
-        self._looked_at.pop(body["metadata"]["uid"], None)
-        if not (spec.delete_subject and status.get("managed") and status.get("subject") == spec.subject):
+        """deletionPolicy Delete soft-deletes a subject this resource managed (or registered, the answer lost
+        before a look confirmed it); Retain (the default) keeps it."""
+        spec, status, uid = parse_schema(body["spec"]), dict(body.get("status") or {}), body["metadata"]["uid"]
+        self._looked_at.pop(uid, None)
+        if not spec.delete_subject:
+            return
+        managed = bool(status.get("managed") and status.get("subject") == spec.subject)
+        # A first registration whose answer was lost, not yet confirmed by a look: confirmed here.
+        held = status if managed else dict(status.get(plan.REGISTERING) or {})
+        if not held:
             return
         by_name = {r.name: r for r in registries}
-        registry = by_name.get(status.get("registry", ""))
+        registry = by_name.get(held.get("registry", ""))
         if registry is None:
-            log.warning("SchemaRegistry %s is gone: subject %s kept", status.get("registry"), spec.subject)
+            log.warning("SchemaRegistry %s is gone: subject %s kept", held.get("registry"), spec.subject)
             return
-        if not plan.same_server(status, registry):  # what is at the new url was never this resource's
+        if not plan.same_server(held, registry):  # what is at the new url was never this resource's
             log.warning(
                 "SchemaRegistry %s now points to another server: subject %s kept on both",
                 registry.name,
                 spec.subject,
-                extra={"managed_at": status.get("registryUrl")},
+                extra={"managed_at": held.get("registryUrl")},
             )
             return
-        deleted = await (await self.client(registry)).delete_subject(spec.subject)  # unreachable: kopf retries
+        client = await self.client(registry)  # unreachable: kopf retries
+        if not managed:
+            versions = await client.versions(spec.subject)
+            if await steps.first_version(spec, registry, client, status, uid, versions) is None:
+                return
+        deleted = await client.delete_subject(spec.subject)
         log.info("subject soft-deleted", extra={"subject": spec.subject, "versions": deleted})
 
     async def _write(self, body: dict[str, Any], out: Outcome) -> None:
@@ -211,9 +232,10 @@ class SchemaOperator:
         if status == previous:
             return
         await self.kube.replace_status(PLURAL, meta["namespace"], meta["name"], status, previous)
+        body["status"] = status  # what a later write of this look patches
         before, after = conditions.find(previous.get("conditions"), READY) or {}, status["conditions"][0]
         if (before.get("status"), before.get("reason")) != (after["status"], after["reason"]):
-            level = logging.INFO if after["status"] == "True" else logging.WARNING
+            level = logging.INFO if after["status"] == "True" or after["reason"] == REGISTERING else logging.WARNING
             log.log(
                 level,
                 "Schema %s: %s",

@@ -3,10 +3,14 @@ subject, why it may not take one over, and what of an earlier registration stays
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from fibers.registries import leads_to
-from fibers.schemas.spec import RegistrySpec, SchemaSpec
+from fibers.schemas.spec import RegistrySpec, SchemaSpec, same_registry
+
+REGISTERING = "registering"  # status: the first registration of a new subject, under way (see `registering`)
 
 
 def managed(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> bool:
@@ -20,6 +24,31 @@ def managed(previous: dict[str, Any], subject: str, registry: RegistrySpec) -> b
     if "registryUrl" in previous:
         return same_server(previous, registry)
     return bool(previous.get("registry") == registry.name)
+
+
+def registering(uid: str, spec: SchemaSpec, registry: RegistrySpec) -> dict[str, Any]:
+    """The write-ahead record of a new subject's first registration, written to status before its register
+    call: should the registry store the version and its answer be lost (a read timeout, a proxy's 5xx, an
+    error after its write), the status never says `managed`, and the next look would take the subject for
+    one registered outside Fibers, for good. It names this resource (its uid: a Schema created again under
+    the name is another), the server, the subject and a digest of the very payload, what `first_version`
+    (steps) looks for; and the SchemaRegistry a deletion reaches the server through."""
+    payload = json.dumps(spec.payload(), sort_keys=True, separators=(",", ":"))
+    return {
+        "uid": uid,
+        "registry": registry.name,
+        "registryUrl": same_registry(registry.url),
+        "subject": spec.subject,
+        "digest": hashlib.sha256(payload.encode()).hexdigest(),
+    }
+
+
+def was_registering(previous: dict[str, Any], uid: str, spec: SchemaSpec, registry: RegistrySpec) -> bool:
+    """The status records this resource's first registration of spec.schema as the subject on this server
+    (under whatever name the SchemaRegistry has now, as for `managed`). A spec.schema changed since is not
+    recognised: its digest is another, and the version the registration left may be someone else's."""
+    record = previous.get(REGISTERING)
+    return isinstance(record, dict) and {**record, "registry": registry.name} == registering(uid, spec, registry)
 
 
 def same_server(previous: dict[str, Any], registry: RegistrySpec) -> bool:

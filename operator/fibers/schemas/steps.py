@@ -1,6 +1,8 @@
 """Bringing one subject in line with its Schema resource, in explicit, ordered steps.
 
-1. ownership: a subject with versions that Fibers did not register is left alone (unless spec.adopt);
+1. ownership: a subject with versions that Fibers did not register is left alone (unless spec.adopt); a
+   version this resource's own first registration left, its answer lost, is told apart by the record
+   written to status before the register call (`plan.registering`);
 2. compatibility: the subject's level is set first, so it governs the check that follows;
 3. lookup: is this schema already a version of the subject?
 4. check, then register: a new schema is tested against the subject's level; an incompatible one is
@@ -13,12 +15,13 @@ step that comes after a refusal.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fibers.conditions import Condition, ready, stalled
 from fibers.schemas import plan
-from fibers.schemas.ccompat import INVALID_SCHEMA, RegistryClient, RegistryError
+from fibers.schemas.ccompat import INVALID_SCHEMA, Registered, RegistryClient, RegistryError
 from fibers.schemas.spec import RegistrySpec, SchemaSpec, same_registry
 
 
@@ -31,8 +34,18 @@ class Outcome:
     events: list[tuple[str, str, bool]] = field(default_factory=list)  # (reason, message, warning)
 
 
+# Writes a record (`plan.registering`) to status before a new subject's first register call; raises when
+# it cannot, and then nothing is registered.
+WriteAhead = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 async def reconcile(
-    spec: SchemaSpec, registry: RegistrySpec, client: RegistryClient, previous: dict[str, Any]
+    spec: SchemaSpec,
+    registry: RegistrySpec,
+    client: RegistryClient,
+    previous: dict[str, Any],
+    uid: str,
+    write_ahead: WriteAhead,
 ) -> Outcome:
     """One pass over the steps; RegistryUnreachable propagates (the caller retries)."""
     subject = spec.subject
@@ -42,6 +55,10 @@ async def reconcile(
 
     # 1. ownership
     versions = await client.versions(subject)
+    first = None if managed else await first_version(spec, registry, client, previous, uid, versions)
+    if first is not None:  # registered by this resource, the answer lost: the subject is its own
+        managed, own = True, [first.version]
+        out.events.append(("Registered", f"subject {subject}: version {first.version} (id {first.id})", False))
     moved_from = plan.moved(previous, subject, registry)
     same = await client.lookup(subject, spec.payload()) if moved_from else None
     if same and plan.same_store(previous, versions, (same.version, same.id)):  # a new url, the same store
@@ -52,6 +69,8 @@ async def reconcile(
         out.status["versions"] = versions
         if moved_from:  # still true of the server it names, should the registry's url be put back
             out.status.update(plan.on_server(previous))
+        if plan.REGISTERING in previous:  # a registry that lags its own write may list it yet not find it
+            out.status[plan.REGISTERING] = previous[plan.REGISTERING]
         return out
     if not managed:
         own = []  # a subject taken over (new, or adopted): nothing of it was registered by this resource
@@ -81,6 +100,8 @@ async def reconcile(
                 out.status.update(plan.kept(previous), versions=versions, registeredVersions=own)
                 out.events.append(("Incompatible", out.conditions[0].message, True))
                 return out
+        if not (versions or managed):  # a new subject: recorded first, or a lost answer makes it a stranger's
+            await write_ahead(plan.registering(uid, spec, registry))
         try:
             schema_id = await client.register(subject, payload)
         except RegistryError as exc:
@@ -120,6 +141,23 @@ async def reconcile(
         "Registered", f"{subject} version {found.version} (id {found.id}), compatibility {out.status['compatibility']}"
     )
     return out
+
+
+async def first_version(
+    spec: SchemaSpec,
+    registry: RegistrySpec,
+    client: RegistryClient,
+    previous: dict[str, Any],
+    uid: str,
+    versions: list[int],
+) -> Registered | None:
+    """The subject's one version, when it is what the first registration the status records
+    (`plan.was_registering`) left: spec.schema, and no version besides. None when the subject holds a
+    schema of someone else's too (registered before that register call or since): it is not taken over."""
+    if not versions or not plan.was_registering(previous, uid, spec, registry):
+        return None
+    found = await client.lookup(spec.subject, spec.payload())
+    return found if found is not None and versions == [found.version] else None
 
 
 async def _set_compatibility(spec: SchemaSpec, client: RegistryClient, out: Outcome) -> None:
