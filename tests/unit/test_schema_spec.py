@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fibers.credentials import HttpAuth, SecretKey
 from fibers.schemas import plan
+from fibers.schemas.handlers import schema_claims
 from fibers.schemas.spec import (
     Claim,
     RegistryNotChosen,
@@ -183,3 +186,32 @@ def test_a_registry_names_its_credentials_as_a_connect_cluster_does() -> None:
     assert auth.basic_password == SecretKey("fibers-system", "registry", "password")
     assert auth.ca == SecretKey("fibers-system", "registry-ca", "ca.pem") and auth.bearer_token is None
     assert parse_registry("r", {"url": "http://r"}).auth == HttpAuth()
+
+
+def test_a_claim_managing_the_subject_keeps_it_when_an_older_one_comes_to_count() -> None:
+    """team-b's Schema is older, but did not count when team-a's registered the subject (its SchemaRegistry
+    was declared later, or its namespace let in later). Ranked by age alone it then owned the subject: team-a
+    lost it, and with adopt allowed team-b registered over it and, with deletionPolicy Delete, deleted it."""
+    older = Claim("2026-01-01T00:00:00Z", "team-b", "orders", "team-b-registry")
+    registered = Claim("2026-02-01T00:00:00Z", "team-a", "orders", "team-a-registry", "http://apicurio/apis/ccompat/v7")
+    where = {
+        "team-a-registry": "http://apicurio/apis/ccompat/v7",
+        "team-b-registry": "http://Apicurio:80/apis/ccompat/v7/",
+    }
+    assert owner([older, registered], "http://apicurio/apis/ccompat/v7", where) == registered
+    moved = Claim("2026-02-01T00:00:00Z", "team-a", "orders", "team-a-registry", "http://old-registry/apis/ccompat/v7")
+    assert owner([older, moved], "http://apicurio/apis/ccompat/v7", where) == older  # managed elsewhere: no hold here
+
+
+def test_a_claim_carries_the_server_its_status_says_it_manages_the_subject_on() -> None:
+    meta = {"creationTimestamp": "2026-02-01T00:00:00Z"}
+    url = "http://apicurio/apis/ccompat/v7"
+
+    def claim(status: dict[str, Any]) -> Claim:
+        spec = {"subject": "orders-value", "registry": "team-a-registry"}
+        found = schema_claims(namespace="team-a", name="orders", spec=spec, meta=meta, status=status)  # type: ignore[arg-type]
+        return found["orders-value"]
+
+    assert claim({"managed": True, "subject": "orders-value", "registryUrl": url}).managed_at == url
+    assert claim({"managed": True, "subject": "orders-key", "registryUrl": url}).managed_at == ""  # another subject
+    assert claim({}).managed_at == ""

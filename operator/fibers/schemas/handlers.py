@@ -42,11 +42,17 @@ def schema_registries(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Registr
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def schema_claims(namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> dict[str, Claim]:
-    created = str(meta.get("creationTimestamp"))
+def schema_claims(
+    namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, **_: Any
+) -> dict[str, Claim]:
+    created, subject = str(meta.get("creationTimestamp")), str(spec.get("subject"))
+    managed = bool(status.get("managed")) and status.get("subject") == subject
     # "" (an empty Helm value) is the default registry, as parse_schema reads it: a claim kept as "" matched
     # no registry, and the subject it holds looked free to others.
-    return {str(spec.get("subject")): Claim(created, str(namespace), name, spec.get("registry") or None)}
+    registry = spec.get("registry") or None
+    return {
+        subject: Claim(created, str(namespace), name, registry, str(status.get("registryUrl") or "") if managed else "")
+    }
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -89,19 +89,25 @@ def parse_schema(spec: Mapping[str, Any]) -> SchemaSpec:
 
 @dataclass(frozen=True, order=True)
 class Claim:
-    """A Schema resource's hold on a subject: the oldest one owns it, later ones are refused."""
+    """A Schema resource's hold on a subject: the one managing it owns it, else the oldest; others are refused."""
 
     created: str  # metadata.creationTimestamp (RFC 3339, so it sorts as text)
     namespace: str
     name: str
     registry: str | None  # as the resource says it (None: the default)
+    managed_at: str = ""  # the server its status says it manages the subject on (status.registryUrl), if any
 
 
 def owner(claims: Iterable[Claim], location: str, where: Mapping[str | None, str]) -> Claim | None:
     """The oldest claim on the subject among those whose registry is at `location` (`where`: each registry
     name, and None for the default, to its URL). Compared by URL, not name: two SchemaRegistries a platform
     declares for one registry (one per team, say) are one set of subjects, and a Schema through the second
-    must not take over, change or delete a subject a Schema through the first holds."""
+    must not take over, change or delete a subject a Schema through the first holds.
+
+    A claim managing the subject on that server comes first: an older claim that did not count when the
+    subject was registered (its SchemaRegistry not declared yet, its namespace outside the selector) and
+    counts now must not take over, change or delete the subject the other registered."""
     here = same_registry(location)
     same = [c for c in claims if c.registry in where and same_registry(where[c.registry]) == here]
-    return min(same, default=None)
+    managing = [c for c in same if c.managed_at and same_registry(c.managed_at) == here]
+    return min(managing or same, default=None)
