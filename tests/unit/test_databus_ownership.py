@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
 import pytest
 
-from fibers.consumer.checkpoint_store import fenced_keys
+from fibers.consumer.checkpoint_store import CheckpointStore, fenced_keys
 from fibers.consumer.ownership import Leases, lease_name, ordinal_of, owned_keys, wanted
 from fibers.consumer.tuning import LEASE_DURATION_SECONDS
+from fibers.databus.checkpoint import Checkpoint
 from fibers.databus.config import POD_NAME_ENV, POD_UID_ENV
+from fibers.databus.owners import LABEL_CONSUMER
 from fibers.databus.stats import instance_stats
+from fibers.databus.timelines import OWNERS_ANNOTATION
 from fibers.databus.workload import render_config, statefulset
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -144,3 +148,33 @@ def test_figures_of_instances_scaled_away_are_left_out() -> None:
         "fibers.dev/owners": '{"t.0": 1}',
     }
     assert instance_stats(annotations, 2) == ([{"lag": 1}, {"lag": 2}], [])
+
+
+class OneConfigMap:
+    """The API as a checkpoint store sees it: one ConfigMap, and the replace it is written with."""
+
+    def __init__(self, cm: dict[str, Any]) -> None:
+        self.cm, self.replaced = cm, None
+
+    def get_or_none(self, url: str) -> dict[str, Any] | None:
+        return json.loads(json.dumps(self.cm))
+
+    def replace(self, url: str, cm: dict[str, Any]) -> dict[str, Any]:
+        self.replaced = cm
+        return cm
+
+
+def test_a_timeline_a_newer_owner_holds_is_not_written_beside_one_whose_checkpoints_were_dropped() -> None:
+    """t.0 was claimed in a ConfigMap since deleted (a seek) and t.1 is held by a newer owner (token 5 over
+    ours, 3): both are refused. The dropped one was checked first and the newer owner's was not looked at,
+    so t.1's older position was written over the newer owner's (its windows read again, or skipped past)."""
+    labels = {LABEL_CONSUMER: "c"}
+    owners = {OWNERS_ANNOTATION: json.dumps({"t.0": 1, "t.1": 5})}
+    meta = {"name": "cp", "uid": "uid-2", "resourceVersion": "1", "labels": labels, "annotations": owners}
+    api = OneConfigMap({"metadata": meta, "data": {}})
+    store = CheckpointStore(api, "ns", "cp", ["t"], instance=0, labels=labels)  # type: ignore[arg-type]
+    store.tokens, store.claimed_in = {"t.0": 1, "t.1": 3}, {"t.0": "uid-1", "t.1": "uid-2"}
+    store.pending = {"t.0": Checkpoint.initial(), "t.1": Checkpoint.initial()}
+    assert store._flush() is False
+    assert store.fenced == {"t.0", "t.1"}
+    assert api.replaced is None

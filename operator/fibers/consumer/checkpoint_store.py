@@ -255,7 +255,7 @@ class CheckpointStore:
             # would writing into one made again since (another uid), whatever tokens it records.
             uid = None if cm is None else cm["metadata"].get("uid")
             gone = {key for key in self.pending if uid is None or self.claimed_in.get(key, uid) != uid}
-            if fenced := gone or fenced_keys(_owners(cm), self.tokens, self.pending):
+            if fenced := gone | fenced_keys(_owners(cm), self.tokens, self.pending):  # both, each flush
                 log.warning("checkpoint refused: a newer owner holds the timeline", extra={"timelines": sorted(fenced)})
                 self.fenced |= fenced
                 for key in fenced:
