@@ -13,9 +13,9 @@ an event: only its host and port are kept.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 log = logging.getLogger("fibers.lineage")
 
@@ -96,14 +96,22 @@ def kafka(bootstrap_servers: str, topic: str, rows: int | None = None, producer:
     return DatasetRef(f"kafka://{bootstrap_servers.split(',')[0].strip()}", topic, rows, producer)
 
 
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._%-]+)(:[0-9]+)?")  # a name or [IPv6], and a port
+
+
 def mongodb(uri: str, database: str, collection: str, rows: int | None = None) -> DatasetRef:
     """Only the (first) host and port of the URI: its user and password stay out of the event.
 
-    A replica set's URI lists several hosts (`h1:27017,h2:27017`), which `urlsplit` cannot take as one
-    port: the first host names the dataset, as OpenLineage's `mongodb://{host}:{port}` asks.
+    A replica set's URI lists several hosts (`h1:27017,h2:27017`): the first names the dataset, as
+    OpenLineage's `mongodb://{host}:{port}` asks. The hosts are what follows the URI's last `@`, up to its
+    path or options: a password is before it even with an unescaped `#`, `/`, `?` or `@` in it, which
+    pymongo may take (and a Transform names its datasets before it connects). What does not read as a host
+    names `unknown`: nothing of a URI that cannot be read reaches the event.
     """
-    hosts = urlsplit(uri).netloc.rpartition("@")[2]
-    return DatasetRef(f"mongodb://{hosts.split(',')[0] or 'localhost'}", f"{database}.{collection}", rows)
+    rest = uri.partition("://")[2] if "://" in uri else uri
+    first = re.split(r"[/?#]", rest.rpartition("@")[2], maxsplit=1)[0].split(",")[0]
+    host = first if _HOST.fullmatch(first) else "unknown" if first else "localhost"
+    return DatasetRef(f"mongodb://{host}", f"{database}.{collection}", rows)
 
 
 def files(path: str, rows: int | None = None) -> DatasetRef:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from openlineage.client.serde import Serde
 
 from fibers import lineage, lineage_events
@@ -132,3 +133,22 @@ def test_a_consumers_sources_carry_their_producer_into_its_configuration() -> No
     )
     parsed = ConsumerConfig.from_dict(config).check()
     assert parsed.producers == {"shop.public.orders": producer}  # only what it consumes
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "mongodb://app:abc#def@db:27017/admin",  # pymongo takes it: the password is abc#def
+        "mongodb://app:s3/cr@db:27017/admin",  # refused by pymongo, but a Transform's START event goes first
+        "mongodb://app:pa?ss@db:27017/admin",
+        "mongodb://app:p@ss@db:27017",
+        "mongodb://app:secret",  # no host at all
+    ],
+)
+def test_a_uri_with_unescaped_characters_in_its_password_names_no_part_of_it(uri: str) -> None:
+    """The dataset was named from `urlsplit`'s netloc, which ends at the first `#`, `/` or `?`: a password
+    holding one gave `mongodb://app:abc` — the user and the start of the password — in every event of a topic
+    any team reads."""
+    namespace = lineage.mongodb(uri, "d", "c").namespace
+    assert namespace in ("mongodb://db:27017", "mongodb://unknown"), namespace
+    assert "app" not in namespace
