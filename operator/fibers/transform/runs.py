@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -112,6 +113,18 @@ def run_name(transform: str, uid: str, key: str) -> str:
     return f"{base[:48]}-{digest}"
 
 
+def _new_run(view: TransformView, key: str, kept: Mapping[str, object]) -> str:
+    """The name of a run a spec, nonce or Secrets digest starts: `key`'s, unless a run kept in history has
+    it (the spec, nonce or Secret put back as it was: A → B → A). That run is an old one, not this start,
+    whose create would meet it, take it for its own retried submit and report its result; so the name
+    takes a count. A retried start needs no such name: it is the one recorded before its create."""
+    name, count = run_name(view.name, view.uid, key), 0
+    while name in kept:
+        count += 1
+        name = run_name(view.name, view.uid, f"{key}/{count}")
+    return name
+
+
 def _due_schedule(view: TransformView, now: datetime) -> datetime | None:
     schedule = view.spec.get("schedule")
     if not schedule:
@@ -152,13 +165,13 @@ def plan(
         result.start = (current["name"], current.get("trigger", "create"))
     elif nonce and nonce != view.status.get("lastRerunNonce"):
         result.rerun_nonce = nonce
-        result.start = (run_name(view.name, view.uid, f"rerun/{nonce}/{digest}"), "rerun")
+        result.start = (_new_run(view, f"rerun/{nonce}/{digest}", by_name), "rerun")
     elif seek.get("nonce") and seek["nonce"] != view.status.get("lastSeekNonce"):
         result.seek_nonce = seek["nonce"]
-        result.start = (run_name(view.name, view.uid, f"seek/{seek['nonce']}/{digest}"), "seek")
+        result.start = (_new_run(view, f"seek/{seek['nonce']}/{digest}", by_name), "seek")
     elif _secrets_moved(view, current_app, secrets_digest):
         # Restarted from its checkpoint (a new run of the same spec), to take the new values.
-        result.start = (run_name(view.name, view.uid, f"secret/{secrets_digest}/{digest}"), "secret-change")
+        result.start = (_new_run(view, f"secret/{secrets_digest}/{digest}", by_name), "secret-change")
     elif current.get("applicationState") == SUSPENDED:
         result.start = (run_name(view.name, view.uid, f"resume/{now.timestamp():.0f}/{digest}"), "resume")
     elif spec.get("schedule") and not view.streaming:
@@ -174,7 +187,7 @@ def plan(
             # Forbid: the slot is skipped (lastScheduleTime still moves on).
     elif not current or current.get("specHash") != digest:
         trigger = "create" if not current else "spec-change"
-        result.start = (run_name(view.name, view.uid, f"{trigger}/{digest}"), trigger)
+        result.start = (_new_run(view, f"{trigger}/{digest}", by_name), trigger)
 
     if result.start and (view.streaming or result.start[1] in ("rerun", "seek")):
         # One streaming query at a time; a rerun or a seek replaces a run still going.
