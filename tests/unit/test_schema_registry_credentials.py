@@ -82,7 +82,7 @@ def test_an_empty_registry_is_the_default_in_a_claim_too() -> None:
     """`registry: ""` (an empty Helm value) registers on the default registry; its claim said "", matched no
     registry, and another namespace's Schema could adopt the subject it held."""
     meta = {"creationTimestamp": "2026-01-01T00:00:00Z"}
-    claims = schema_claims(namespace="a", name="x", spec={"subject": "s", "registry": ""}, meta=meta)
+    claims = schema_claims(namespace="a", name="x", spec={"subject": "s", "registry": ""}, meta=meta, status={})
     assert claims["s"].registry is None
 
 
