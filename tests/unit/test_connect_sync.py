@@ -1074,3 +1074,30 @@ def test_a_secret_whose_value_asks_a_config_provider_creates_nothing_and_is_said
     assert problem.message.startswith("spec.secretConfig.password: the Secret's value asks a Kafka Connect config")
     said = repr(kube.statuses) + repr(kube.events)
     assert "team-b" not in said and "pw" not in said.replace("password", "")
+
+
+def test_a_connect_whose_config_asks_a_config_provider_keeps_its_connector_and_deletes_it_when_deleted() -> None:
+    """A connector made before such values were refused (an upgrade): it is left as it is, the resource says
+    why, and deleting the resource still deletes the connector (refused when parsed, the resource owned it no
+    more, and a deletion released it with the connector left running for nobody)."""
+
+    def provider(**meta: Any) -> dict[str, Any]:
+        body = _claimed("orders") | {"metadata": {**_claimed("orders")["metadata"], **meta}}
+        body["spec"]["config"]["file"] = "${file:/etc/team-b.properties:path}"
+        return body
+
+    async def scenario() -> tuple[ConnectSync, LaggingConnect]:
+        sync, _, connect = _sync()
+        await sync.observe(None, provider())  # type: ignore[arg-type]
+        await _sync_once(sync)
+        target = sync.targets["shop", "orders"]
+        assert target.spec is not None and target.problem is not None and target.problem.reason == "InvalidSpec"
+        assert target.problem.message.startswith("spec.config.file: '${file:/etc/team-b.properties:path}' asks")
+        await sync.observe("MODIFIED", provider(deletionTimestamp="2026-11-22T08:00:00Z"))  # type: ignore[arg-type]
+        sync.deleter.start(sync.targets.values())
+        await asyncio.gather(*sync.deleter.tasks.values())
+        return sync, connect
+
+    _, connect = asyncio.run(scenario())
+    assert connect.creates == [] and connect.puts == []
+    assert connect.deletes == ["orders"]

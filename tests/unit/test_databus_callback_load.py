@@ -7,6 +7,8 @@ spec's in the consumer pod, with only the job image the platform allows (`policy
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,13 +28,15 @@ class Counting(callbacks.Callback):
         BUILT.append(options)
 
 
-def test_a_class_that_is_not_a_callback_is_refused_before_it_is_built() -> None:
+def test_a_class_that_is_not_a_callback_is_refused_before_it_is_built(tmp_path: Path) -> None:
     BUILT.clear()
     with pytest.raises(TypeError, match="must subclass"):
         callbacks.load(f"{__name__}:NotACallback", {"args": ["sh", "-c", "true"]})
+    ran = tmp_path / "ran"
     with pytest.raises(TypeError, match="must subclass"):
-        callbacks.load("subprocess:Popen", {"args": ["sh", "-c", "touch /tmp/fibers-callback-ran"]})
-    assert BUILT == []
+        callbacks.load("subprocess:Popen", {"args": ["sh", "-c", f"touch {ran}"]})
+    time.sleep(0.2)  # a command started would have touched it by now
+    assert BUILT == [] and not ran.exists()
 
 
 def test_a_callback_class_is_built_with_the_options() -> None:

@@ -228,6 +228,8 @@ def test_a_spec_changed_before_the_next_look_is_refused_until_it_is_put_back() -
     schema.registry.after_write = RegistryUnreachable("ReadTimeout")
     schema.look()
     schema.spec["schema"] = OTHER
-    assert schema.look()[0] == "SubjectExists" and "registering" in schema.kube.status
+    reason, message = schema.look()
+    assert reason == "SubjectExists" and "registering" in schema.kube.status
+    assert "first registration of an earlier spec.schema" in message and "outside Fibers" not in message
     schema.spec["schema"] = ORDER
     assert schema.look()[0] == "Registered" and schema.kube.status["registeredVersions"] == [1]

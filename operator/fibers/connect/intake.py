@@ -191,7 +191,7 @@ class Intake:
             return
         try:
             config = target.spec.full_config(values, target.owner)
-        except SpecError as exc:  # a Secret's value asking a config provider (the message holds no value)
+        except SpecError as exc:  # a value asking a config provider (a Secret's is not quoted)
             target.problem = Condition(READY, False, "InvalidSpec", str(exc))
             return
         target.problem = None

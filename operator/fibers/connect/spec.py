@@ -100,7 +100,14 @@ class ConnectSpec:
 
     def full_config(self, secret_values: dict[str, str], owner: str) -> dict[str, str]:
         """The configuration Kafka Connect is given: user config, secrets, and the fields we own (the
-        owner among them, see `fibers.connect.ownership`). SpecError: a Secret's value asks a config provider."""
+        owner among them, see `fibers.connect.ownership`).
+
+        SpecError when a value asks a config provider. Checked here rather than when the spec is parsed: a
+        resource whose spec parses stays the owner of its connector (a deletion still deletes it), and its
+        connector is left as it is until the value is put right."""
+        for key, value in self.config.items():
+            refuse_provider_reference(value, f"spec.config.{key}")
+        refuse_provider_reference(self.connector_class, "spec.class")
         for key, value in secret_values.items():
             refuse_provider_reference(value, f"spec.secretConfig.{key}", secret=True)
         return {
@@ -139,7 +146,6 @@ def parse(spec: dict[str, Any], name: str) -> ConnectSpec:
             config[key] = config_value(value)
         except SpecError as exc:
             raise SpecError(f"spec.config.{key}: {exc}") from None
-        refuse_provider_reference(config[key], f"spec.config.{key}")
     refs = {
         key: SecretRef(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
         for key, ref in (spec.get("secretConfig") or {}).items()

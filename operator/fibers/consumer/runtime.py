@@ -320,7 +320,7 @@ class Runtime:
         for sink in self.config.sinks:
             if sink["type"] in ("mongodb", "history"):
                 uri, collection = os.environ.get(sink.get("uriEnv", ""), ""), str(sink["collection"])
-                if TOPIC in collection:  # a collection per topic: how many rows each got is not counted
+                if sink["type"] == "mongodb" and TOPIC in collection:  # a collection per topic, rows not counted
                     outputs += [lineage.mongodb(uri, sink["database"], collection.replace(TOPIC, t)) for t in topics]
                 else:
                     outputs.append(lineage.mongodb(uri, sink["database"], collection, events))

@@ -1,7 +1,7 @@
 """kopf handlers for Schema and SchemaRegistry: thin, they hand each resource to `SchemaOperator`.
 
 Two kopf indexes give every handler the registries and every Schema's claim on its subject without
-an API call: the oldest Schema claiming a subject on a registry owns it.
+an API call: the Schema managing a subject on a registry owns it, else the oldest claiming it.
 """
 
 from __future__ import annotations

@@ -51,6 +51,18 @@ def was_registering(previous: dict[str, Any], uid: str, spec: SchemaSpec, regist
     return isinstance(record, dict) and {**record, "registry": registry.name} == registering(uid, spec, registry)
 
 
+def registered_another(previous: dict[str, Any], uid: str, spec: SchemaSpec, registry: RegistrySpec) -> bool:
+    """The status records this resource's first registration of the subject on this server, of a schema
+    other than spec.schema (changed since its answer was lost): what it left cannot be told from another's."""
+    record = previous.get(REGISTERING)
+    if not isinstance(record, dict):
+        return False
+    ours = registering(uid, spec, registry)
+    return {**record, "registry": registry.name, "digest": ours["digest"]} == ours and record["digest"] != ours[
+        "digest"
+    ]
+
+
 def same_server(previous: dict[str, Any], registry: RegistrySpec) -> bool:
     """The server the status recorded is the registry's now (or the status recorded none)."""
     return leads_to(registry, previous.get("registryUrl"))
@@ -81,21 +93,31 @@ def refusal(
     versions: list[int],
     managed: bool,
     moved_from: str | None = None,
+    registered_another: bool = False,
 ) -> tuple[str, str] | None:
     """(reason, message) when the subject has versions registered outside Fibers and may not be taken
-    over; None when this resource may manage it."""
+    over; None when this resource may manage it. `registered_another`: they may be what this resource's
+    own first registration of an earlier spec.schema left (`registered_another` above)."""
     if managed or not versions or (spec.adopt and registry.allow_adopt):
         return None
     if spec.adopt:  # a namespace user's word alone takes over no subject: the registry must allow it
         reason, why = "AdoptNotAllowed", f"SchemaRegistry {registry.name} does not allow adopting (spec.allowAdopt)"
     else:
         reason, why = "SubjectExists", "set spec.adopt: true to manage it"
-    where = (
-        f"registered outside Fibers (this resource managed the subject on {moved_from}, where SchemaRegistry "
-        f"{registry.name} no longer points)"
-        if moved_from
-        else "registered outside Fibers"
-    )
+    if moved_from:
+        where = (
+            f"registered outside Fibers (this resource managed the subject on {moved_from}, where SchemaRegistry "
+            f"{registry.name} no longer points)"
+        )
+    elif registered_another:
+        where = (
+            "that this resource's first registration of an earlier spec.schema may have left (its answer was "
+            "lost, and spec.schema changed since: they cannot be told from someone else's)"
+        )
+        if reason == "SubjectExists":
+            why = "put spec.schema back as it was to take them, or set spec.adopt: true"
+    else:
+        where = "registered outside Fibers"
     return reason, f"subject {subject!r} already has versions {versions} {where}; it is left as it is ({why})"
 
 

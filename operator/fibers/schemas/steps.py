@@ -63,7 +63,8 @@ async def reconcile(
     same = await client.lookup(subject, spec.payload()) if moved_from else None
     if same and plan.same_store(previous, versions, (same.version, same.id)):  # a new url, the same store
         managed, moved_from = True, None
-    refusal = plan.refusal(spec, registry, subject, versions, managed, moved_from)
+    another = plan.registered_another(previous, uid, spec, registry)
+    refusal = plan.refusal(spec, registry, subject, versions, managed, moved_from, another)
     if refusal:
         out.conditions = stalled(*refusal)
         out.status["versions"] = versions
