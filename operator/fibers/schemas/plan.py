@@ -58,9 +58,8 @@ def registered_another(previous: dict[str, Any], uid: str, spec: SchemaSpec, reg
     if not isinstance(record, dict):
         return False
     ours = registering(uid, spec, registry)
-    return {**record, "registry": registry.name, "digest": ours["digest"]} == ours and record["digest"] != ours[
-        "digest"
-    ]
+    same_but_payload = {**record, "registry": registry.name, "digest": ours["digest"]} == ours
+    return same_but_payload and record.get("digest") != ours["digest"]
 
 
 def same_server(previous: dict[str, Any], registry: RegistrySpec) -> bool:
