@@ -106,11 +106,14 @@ def mongodb(uri: str, database: str, collection: str, rows: int | None = None) -
     OpenLineage's `mongodb://{host}:{port}` asks. The hosts are what follows the URI's last `@`, up to its
     path or options: a password is before it even with an unescaped `#`, `/`, `?` or `@` in it, which
     pymongo may take (and a Transform names its datasets before it connects). What does not read as a host
-    names `unknown`: nothing of a URI that cannot be read reaches the event.
+    of a `mongodb://` URI names `unknown` — a Secret holding the bare password, say: nothing of a value that
+    cannot be read as such a URI reaches the event.
     """
-    rest = uri.partition("://")[2] if "://" in uri else uri
+    if not uri:
+        return DatasetRef("mongodb://localhost", f"{database}.{collection}", rows)
+    scheme, _, rest = uri.partition("://")
     first = re.split(r"[/?#]", rest.rpartition("@")[2], maxsplit=1)[0].split(",")[0]
-    host = first if _HOST.fullmatch(first) else "unknown" if first else "localhost"
+    host = first if scheme in ("mongodb", "mongodb+srv") and _HOST.fullmatch(first) else "unknown"
     return DatasetRef(f"mongodb://{host}", f"{database}.{collection}", rows)
 
 

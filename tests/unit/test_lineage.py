@@ -143,6 +143,7 @@ def test_a_consumers_sources_carry_their_producer_into_its_configuration() -> No
         "mongodb://app:pa?ss@db:27017/admin",
         "mongodb://app:p@ss@db:27017",
         "mongodb://app:secret",  # no host at all
+        "s3cr3t",  # a Secret holding the bare password, not a URI
     ],
 )
 def test_a_uri_with_unescaped_characters_in_its_password_names_no_part_of_it(uri: str) -> None:
@@ -151,4 +152,4 @@ def test_a_uri_with_unescaped_characters_in_its_password_names_no_part_of_it(uri
     any team reads."""
     namespace = lineage.mongodb(uri, "d", "c").namespace
     assert namespace in ("mongodb://db:27017", "mongodb://unknown"), namespace
-    assert "app" not in namespace
+    assert "app" not in namespace and "s3cr3t" not in namespace
