@@ -43,23 +43,27 @@ def registering(uid: str, spec: SchemaSpec, registry: RegistrySpec) -> dict[str,
     }
 
 
-def was_registering(previous: dict[str, Any], uid: str, spec: SchemaSpec, registry: RegistrySpec) -> bool:
-    """The status records this resource's first registration of spec.schema as the subject on this server
-    (under whatever name the SchemaRegistry has now, as for `managed`). A spec.schema changed since is not
-    recognised: its digest is another, and the version the registration left may be someone else's."""
+def _recorded(previous: dict[str, Any], registry: RegistrySpec) -> dict[str, Any] | None:
+    """The status's write-ahead record, under whatever name the SchemaRegistry has now (as for `managed`)."""
     record = previous.get(REGISTERING)
-    return isinstance(record, dict) and {**record, "registry": registry.name} == registering(uid, spec, registry)
+    return {**record, "registry": registry.name} if isinstance(record, dict) else None
+
+
+def was_registering(previous: dict[str, Any], uid: str, spec: SchemaSpec, registry: RegistrySpec) -> bool:
+    """The status records this resource's first registration of spec.schema as the subject on this server.
+    A spec.schema changed since is not recognised: its digest is another, and the version the registration
+    left may be someone else's."""
+    return _recorded(previous, registry) == registering(uid, spec, registry)
 
 
 def registered_another(previous: dict[str, Any], uid: str, spec: SchemaSpec, registry: RegistrySpec) -> bool:
     """The status records this resource's first registration of the subject on this server, of a schema
     other than spec.schema (changed since its answer was lost): what it left cannot be told from another's."""
-    record = previous.get(REGISTERING)
-    if not isinstance(record, dict):
+    record = _recorded(previous, registry)
+    if record is None:  # the common case, on every look: no payload digest made
         return False
     ours = registering(uid, spec, registry)
-    same_but_payload = {**record, "registry": registry.name, "digest": ours["digest"]} == ours
-    return same_but_payload and record.get("digest") != ours["digest"]
+    return record.get("digest") != ours["digest"] and {**record, "digest": ours["digest"]} == ours
 
 
 def same_server(previous: dict[str, Any], registry: RegistrySpec) -> bool:
