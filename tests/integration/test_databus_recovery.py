@@ -6,7 +6,8 @@ real Kafka, MongoDB, API server and schema registry:
 - a bootstrap stops between pages when asked to, and gives its Leases up;
 - a history sink keeps every snapshot row of a bootstrap, with its row;
 - a record that cannot be decoded goes as spec.onUndecodable says (fail names it, skip and deadLetter go on);
-- a schema registry that does not answer for a while is waited out, not taken for bad records.
+- a schema registry that does not answer for a while is waited out, not taken for bad records;
+- a topic deleted and created again under its name stops the consumer instead of resuming at the old offset.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -95,6 +96,48 @@ def test_latest_is_resolved_once_so_what_is_written_while_the_consumer_is_down_i
         )
     finally:
         assert stop(second) == 0
+
+
+def create_again(bootstrap: str, topic: str) -> None:
+    """Delete the topic and create it again under its name (Kafka deletes asynchronously: tried until it takes)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+
+    def created() -> bool | None:
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+        except KafkaException:  # still being deleted
+            return None
+        return True
+
+    wait_for(created, timeout=60, what=f"topic {topic} created again")
+
+
+def test_a_topic_created_again_stops_the_consumer_instead_of_resuming_at_the_old_topics_offset(
+    stack_info: StackInfo, namespace: str, topic: str, tmp_path: Path, mongo: MongoClient[Any]
+) -> None:
+    """The old runtime resumed the new topic at the old one's offset: the new topic's first records were
+    skipped, and nothing said so. Now the checkpoint records the topic's id, and another id stops it."""
+    config = consumer_config(f"{topic}-c", namespace, topic, stack_info, view(stack_info, topic))
+    produce(stack_info.kafka_bootstrap, topic, [{"id": i, "item": f"old-{i}"} for i in range(3)], key="id")
+    first = run_consumer(stack_info, config, tmp_path / "c.log")
+    try:
+        wait_for(lambda: mongo[topic]["view"].count_documents({}) == 3 or None, timeout=60, what="the old records")
+        time.sleep(0.5)  # past the checkpoint interval: the stop writes the last one anyway
+    finally:
+        assert stop(first) == 0
+    create_again(stack_info.kafka_bootstrap, topic)
+    produce(stack_info.kafka_bootstrap, topic, [{"id": 100 + i, "item": f"new-{i}"} for i in range(5)], key="id")
+    termination = tmp_path / "termination"
+    second = run_consumer(stack_info, config, tmp_path / "c.log", {"FIBERS_TERMINATION_LOG": str(termination)})
+    try:
+        assert second.wait(60) == 5
+    finally:
+        if second.poll() is None:
+            second.kill()
+    message = termination.read_text()
+    assert message.startswith("RelayChanged:") and f"{topic}.0" in message and "topic" in message, message
+    assert sorted(d["id"] for d in mongo[topic]["view"].find()) == [0, 1, 2]  # none of the new topic
 
 
 def test_a_kafka_sink_the_broker_refuses_never_moves_the_checkpoint_past_its_records(

@@ -135,7 +135,8 @@ class Assignment:
                 continue
             for key in (timeline_key(topic, p) for p in partitions):
                 if key in stored:
-                    self.positions.checkpoints[key] = stored[key]
+                    self._check_log(topic, key, stored[key])
+                    self.positions.put(key, stored[key])
             bootstraps = self.bootstrap.plan(topic, partitions, stored)
             booting = {p for group, _ in bootstraps for p in group}
             # Before any bootstrap: "latest" is the end as of now, not once the other partitions' bootstraps are done.
@@ -161,6 +162,17 @@ class Assignment:
         self.held.update({timeline_key(tp.topic, tp.partition): (tp.topic, tp.partition) for tp in assignments})
         log.info("consuming", extra={"timelines": [f"{tp.topic}/{tp.partition}@{tp.offset}" for tp in assignments]})
 
+    def _check_log(self, topic: str, key: str, cp: Checkpoint) -> None:
+        """Stop (for good: no restart changes it) when `cp` was written against another Kafka log than the
+        relay's now: its offsets would name other records there."""
+        log_now = self.positions.logs.get(topic)
+        if log_now and (changed := log_now.changed(cp)):
+            raise ConsumerStopped(
+                f"RelayChanged: {key}: {changed}; its offsets name other records there. Seek the consumer "
+                "(spec.seek) to start over on this relay, or point it back at the Kafka it was reading",
+                code=RELAY_GONE_EXIT,
+            )
+
     def _resolve_starts(self, topic: str, partitions: list[int]) -> None:
         """Give the partitions with no position one, as startFrom says, and write it at once, before anything
         is read: "latest" is the end of the partition now, "earliest" (and a bootstrap's online partitions) the
@@ -175,7 +187,7 @@ class Assignment:
                 )
                 offset = self._start_offset(topic, partition, int(low), int(high))
                 current = self.positions.get(key) or Checkpoint.initial()
-                self.positions.checkpoints[key] = current.with_values({NEXT_OFFSET: offset})
+                self.positions.put(key, current.with_values({NEXT_OFFSET: offset}))
                 resolved.append(key)
         if resolved:
             self.positions.save(resolved, force=True)

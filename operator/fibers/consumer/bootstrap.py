@@ -251,8 +251,11 @@ class Bootstrap:
         online = cp.end_catchup_source(None).finish_bootstrap()
         for partition, key in zip(partitions, keys, strict=True):
             offset = int(targets.get(str(partition), -1)) + 1 if isinstance(targets, dict) else 0
-            self.positions.checkpoints[key] = online.with_values(
-                {NEXT_OFFSET: offset, SNAPSHOT_LAST_KEY: None, CATCHUP_LAST_ID: None, TARGET_OFFSETS: None}
+            self.positions.put(
+                key,
+                online.with_values(
+                    {NEXT_OFFSET: offset, SNAPSHOT_LAST_KEY: None, CATCHUP_LAST_ID: None, TARGET_OFFSETS: None}
+                ),
             )
         self.positions.save(keys, force=True)
         log.info(

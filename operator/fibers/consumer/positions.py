@@ -4,8 +4,9 @@ offset to resume from, written through the throttled checkpoint store."""
 from __future__ import annotations
 
 from fibers.consumer.checkpoint_store import CheckpointStore
+from fibers.consumer.relay_log import RelayLog
 from fibers.databus.checkpoint import Checkpoint
-from fibers.databus.timelines import progressed
+from fibers.databus.timelines import parse_timeline_key, progressed
 
 NEXT_OFFSET = "kafka_next_offset"  # the Fibers key beside the SCNs: the offset a timeline resumes from
 
@@ -22,6 +23,9 @@ class Positions:
     def __init__(self, store: CheckpointStore) -> None:
         self.store = store
         self.checkpoints: dict[str, Checkpoint] = {}
+        # Each relay topic's Kafka log, as the run found it: every checkpoint put here records it, and the
+        # relay's steps (`Checkpoint.online`, the bootstrap's) keep what a checkpoint records.
+        self.logs: dict[str, RelayLog] = {}
 
     def get(self, key: str) -> Checkpoint | None:
         return self.checkpoints.get(key)
@@ -34,10 +38,16 @@ class Positions:
         """Hand these timelines' checkpoints to the store (written now when `force`, else when the throttle allows)."""
         self.store.save({k: self.checkpoints[k] for k in keys}, force=force)
 
+    def put(self, key: str, cp: Checkpoint) -> None:
+        """Timeline `key` stands at `cp` (taken from the ConfigMap, or given a first position), recording the
+        Kafka log its offsets count in; not saved."""
+        log = self.logs.get(parse_timeline_key(key)[0])
+        self.checkpoints[key] = log.stamp(cp) if log else cp
+
     def set(self, keys: list[str], cp: Checkpoint, force: bool = False) -> None:
         """One checkpoint for several timelines (a bootstrap moves them together), saved."""
         for key in keys:
-            self.checkpoints[key] = cp
+            self.put(key, cp)
         self.save(keys, force=force)
 
     def forget(self, key: str) -> None:

@@ -22,9 +22,11 @@ import uuid
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from fibers import failpoints, lineage, termination
 from fibers.api import API_VERSION
+from fibers.consumer import relay_log
 from fibers.consumer import sinks as built_in
 from fibers.consumer.assignment import Assignment
 from fibers.consumer.batches import Progress
@@ -168,7 +170,8 @@ class Runtime:
             emitter.start(*self._datasets())
         try:
             self.store.load()  # a malformed checkpoint stops the consumer here, before anything is taken
-            self.assignment.partitions = {topic: self._all_partitions(topic) for topic in self.config.topics}
+            admin = AdminClient({"bootstrap.servers": self.config.bootstrap_servers})  # for the topics' ids
+            self.assignment.partitions = {topic: self._relay_topic(admin, topic) for topic in self.config.topics}
             self.waiting_for = ""
             self.sinks.hook("on_start_consumption")
             self.leases.start()
@@ -218,24 +221,26 @@ class Runtime:
 
     # ----- Kafka ------------------------------------------------------------------------------------
 
-    def _all_partitions(self, topic: str) -> list[int]:
-        """The topic's partitions, waited for while it does not exist: a consumer is often applied before
-        what writes its topic (a Connect, a Transform). The instance stays unready meanwhile and its
-        readiness answer says why (the operator puts it on Ready); exiting instead made a crash loop."""
+    def _relay_topic(self, admin: AdminClient, topic: str) -> list[int]:
+        """The topic's partitions, and its log in `positions.logs`, waited for while it does not exist: a
+        consumer is often applied before what writes its topic (a Connect, a Transform). The instance stays
+        unready meanwhile and its readiness answer says why (the operator puts it on Ready); exiting instead
+        made a crash loop."""
         attempt = 0
         while True:
             try:
                 failpoints.hit("relay.lookup")
                 metadata = self.consumer.list_topics(topic, timeout=KAFKA_METADATA_TIMEOUT_SECONDS)
-            except KafkaException as exc:
-                missing = f"Kafka does not answer for relay topic {topic}: {self._masked(exc)}"
-            else:
                 info = metadata.topics.get(topic)
                 if info is not None and info.error is None and info.partitions:
+                    found = relay_log.topic_id(admin, topic, KAFKA_METADATA_TIMEOUT_SECONDS)
+                    self.positions.logs[topic] = relay_log.RelayLog(metadata.cluster_id or "", found)
                     if attempt:
                         log.info("relay topic %s found after %d look(s)", topic, attempt)
                     return sorted(info.partitions)
                 missing = f"relay topic {topic} does not exist yet"
+            except (KafkaException, TimeoutError) as exc:
+                missing = f"Kafka does not answer for relay topic {topic}: {self._masked(exc)}"
             if not attempt or missing != self.waiting_for:
                 log.warning("%s; waiting for it (the instance stays unready)", missing)
             self.waiting_for = missing

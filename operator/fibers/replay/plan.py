@@ -31,6 +31,7 @@ STEP_FAILURES = {
     "InvalidSpec",
     "StartBeforeRetention",
     "RelayFallOff",
+    "RelayChanged",
     "ConsumerFailing",
     "CheckpointInvalid",
     "RunFailed",
