@@ -12,12 +12,14 @@ import base64
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from kubernetes import client
 from kubernetes.client import ApiClient
 
@@ -250,6 +252,49 @@ def test_batch_topic_to_topic_with_sql_and_stream_back_on_real_pods(
     assert transforms.condition(downstream, "UpstreamReady")["status"] == "True"
     assert transforms.status(downstream)["inputs"] == [{"name": "totals", "topics": [f"{unique}-totals"]}]
     assert [json.loads(v) for v in read_topic(bootstrap, downstream, 1)] == [{"n": 3}]
+
+
+def test_a_batch_run_reads_its_input_once_so_its_writes_and_lineage_count_the_same_records(
+    transforms: Resources, namespace: str, stack_info: StackInfo, lineage_topic: str, unique: str
+) -> None:
+    """Records keep arriving while the run runs. Each read of the input used to resolve `latest` again, so
+    the lineage's `rowsIn` (read last) counted records the output never had; now the run pins the offsets
+    it reads before the first read, and every read sees those."""
+    bootstrap, source = stack_info.kafka_bootstrap, f"{unique}-orders"
+    produce(bootstrap, source, orders(20), key="id")
+    writing = threading.Event()
+
+    def keep_writing() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap})
+        i = 1000
+        while not writing.wait(0.05):
+            producer.produce(source, key=str(i).encode(), value=json.dumps(orders(1, i)[0]).encode())
+            producer.poll(0)
+            i += 1
+        producer.flush(30)
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        transforms.create(
+            unique,
+            {
+                "inputs": [{"name": "orders", "kafka": {"topics": [source], "schema": "id INT"}}],
+                "sql": "SELECT id FROM orders",
+                "output": {"kafka": {"topic": f"{unique}-out"}},
+                "streamBack": {"topic": f"{unique}-back"},
+            },
+        )
+        transforms.wait_condition(unique, "True", "Succeeded", timeout=300)
+    finally:
+        writing.set()
+        writer.join()
+    run = transforms.status(unique)["currentRun"]
+    _, complete = lineage_of(bootstrap, lineage_topic, f"{namespace}.transform.{unique}", 2)
+    ingestion = complete["run"]["facets"]["fibers_ingestion"]
+    [read] = ingestion["offsets"]
+    assert (read["first"], ingestion["rowsIn"]) == (0, read["last"] + 1)
+    assert run["recordsOut"] == run["streamedBack"] == ingestion["rowsIn"] >= 20, (run, ingestion)
 
 
 def test_bad_sql_fails_with_sparks_message(

@@ -746,6 +746,21 @@ def test_each_input_and_output_kind_names_its_lineage_datasets(monkeypatch: pyte
     assert "secret" not in repr(inputs + outputs)
 
 
+def test_a_batch_kafka_read_is_the_offsets_found_once_whatever_arrives_later() -> None:
+    """Every read of a batch run (the SQL's, a recomputation, the lineage statistics) gets these options:
+    exactly the partitions found, from their start to the end they had (not `latest`, resolved per read)."""
+    from fibers.jobs.inputs import kafka_read_options
+    from fibers.kafka_positions import Position
+
+    found = [Position("a", 0, 5, 9), Position("a", 1, 0, 0), Position("b", 0, 2, 3)]
+    options = kafka_read_options(found)
+    assert json.loads(options["assign"]) == {"a": [0, 1], "b": [0]}
+    assert json.loads(options["startingOffsets"]) == {"a": {"0": 5, "1": 0}, "b": {"0": 2}}
+    assert json.loads(options["endingOffsets"]) == {"a": {"0": 9, "1": 0}, "b": {"0": 3}}
+    own = '{"a": {"0": -2, "1": 4}, "b": {"0": -2}}'  # startingOffsets as Spark's own JSON: passed on as written
+    assert kafka_read_options(found, starting=own)["startingOffsets"] == own
+
+
 def test_a_kafka_input_starts_from_a_time_or_a_position(tmp_path: Path) -> None:
     """startFrom reaches the job as Kafka's own words: a timestamp as startingTimestamp (a partition with no
     record at or after it yet starting at its end), a position as startingOffsets."""

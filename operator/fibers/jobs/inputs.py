@@ -4,6 +4,12 @@
 is a reader here; its spec lives in `fibers.jobs.spec`, and its name as a lineage dataset in
 `fibers.jobs.report`. `input_statistics` reads the inputs once more, for lineage: the rows of each, and
 the Kafka offsets read per partition.
+
+A batch run reads each Kafka input within offsets fixed once, before anything is read (`pin_kafka_reads`):
+Spark reads a source again for each action over it (the output's write, the streamBack's when the cached
+result was dropped, the statistics), and with `latest` resolved at each read, records written meanwhile
+reached one and not another — a report and its streamBack of different inputs, `rowsIn` counting records
+the result never saw.
 """
 
 from __future__ import annotations
@@ -20,30 +26,69 @@ from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from fibers import kafka_positions
 from fibers.jobs import avro
 from fibers.jobs.mongo import env_value
 from fibers.jobs.spec import FilesSource, JobSpec, KafkaSource, MongoSource, Source
 from fibers.mongodb import SELECTION_TIMEOUT_MS
-from fibers.startfrom import before_retention, retention_message
+from fibers.startfrom import StartFrom, before_retention, retention_message
 
 log = logging.getLogger("fibers.jobs.inputs")
 KAFKA_TIMEOUT_SECONDS = 30.0  # a metadata or offsets lookup of the startFrom check
 
 
-def build_views(spark: SparkSession, spec: JobSpec) -> dict[str, DataFrame]:
-    """Read every input and register it as a temp view, so the SQL can name it."""
+# A batch Kafka input's records: Spark's `assign`, `startingOffsets` and `endingOffsets` (JSON), by input name.
+KafkaReads = dict[str, dict[str, str]]
+
+
+def pin_kafka_reads(spec: JobSpec) -> KafkaReads:
+    """Batch: where each partition of each Kafka input starts (startFrom) and ends (what it holds now),
+    resolved once for the whole run. A time older than what Kafka keeps is refused here (PositionsError
+    saying StartBeforeRetention), as a missing topic or a Kafka that does not answer."""
+    if spec.streaming:
+        return {}
+    reads: KafkaReads = {}
+    for item in spec.inputs:
+        source = item.source
+        if isinstance(source, KafkaSource):
+            given = source.starting_offsets if source.start_timestamp_ms is None else None
+            # startingOffsets may also be Spark's own JSON of offsets: passed on as written, the end still pinned.
+            own = given not in (None, "earliest", "latest")
+            start = StartFrom(None if own else given, source.start_timestamp_ms)
+            found = kafka_positions.lookup(cast(str, spec.bootstrap_servers), source.topics, start)
+            reads[item.name] = kafka_read_options(found, starting=source.starting_offsets if own else None)
+    return reads
+
+
+def kafka_read_options(found: list[kafka_positions.Position], starting: str | None = None) -> dict[str, str]:
+    """Spark's options for reading exactly these partitions from their offset (or `starting`) to their end."""
+    begin: dict[str, dict[str, int]] = {}
+    end: dict[str, dict[str, int]] = {}
+    for position in found:
+        begin.setdefault(position.topic, {})[str(position.partition)] = position.offset
+        end.setdefault(position.topic, {})[str(position.partition)] = position.high
+    return {
+        "assign": json.dumps({topic: [int(p) for p in parts] for topic, parts in end.items()}),
+        "startingOffsets": starting or json.dumps(begin),
+        "endingOffsets": json.dumps(end),
+    }
+
+
+def build_views(spark: SparkSession, spec: JobSpec, reads: KafkaReads | None = None) -> dict[str, DataFrame]:
+    """Read every input and register it as a temp view, so the SQL can name it (a batch run's Kafka inputs
+    within `reads`, from `pin_kafka_reads`)."""
     views: dict[str, DataFrame] = {}
     for item in spec.inputs:
-        frame = _read(spark, spec, item.source)
+        frame = _read(spark, spec, item.source, (reads or {}).get(item.name))
         frame.createOrReplaceTempView(item.name)
         views[item.name] = frame
         log.info("input ready", extra={"view": item.name, "kind": type(item.source).__name__})
     return views
 
 
-def _read(spark: SparkSession, spec: JobSpec, source: Source) -> DataFrame:
+def _read(spark: SparkSession, spec: JobSpec, source: Source, pinned: dict[str, str] | None) -> DataFrame:
     if isinstance(source, KafkaSource):
-        return _read_kafka(spark, spec, source)
+        return _read_kafka(spark, spec, source, pinned)
     if isinstance(source, FilesSource):
         return _read_files(spark, spec.streaming, source)
     return read_mongodb(spark, source)
@@ -53,15 +98,15 @@ class StartBeforeRetention(Exception):
     """An input's startFrom.timestamp is older than what Kafka keeps: the records between may be gone."""
 
 
-def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrame:
-    """Batch reads what the topics hold now (start → latest); streaming follows them from the start."""
-    # A streaming query with a checkpoint resumes from it: where to start no longer applies.
-    if source.start_timestamp_ms is not None and not (spec.streaming and _has_checkpoint(spec)):
-        refuse_before_retention(cast(str, spec.bootstrap_servers), source.topics, source.start_timestamp_ms)
+def _read_kafka(spark: SparkSession, spec: JobSpec, source: KafkaSource, pinned: dict[str, str] | None) -> DataFrame:
+    """Batch reads what was pinned for the run; streaming follows the topics from the start."""
     if spec.streaming:
+        # A streaming query with a checkpoint resumes from it: where to start no longer applies.
+        if source.start_timestamp_ms is not None and not _has_checkpoint(spec):
+            refuse_before_retention(cast(str, spec.bootstrap_servers), source.topics, source.start_timestamp_ms)
         raw = spark.readStream.format("kafka").options(**_kafka_options(spec, source)).load()
     else:
-        raw = _kafka_reader(spark, spec, source).load()
+        raw = _kafka_reader(spark, spec, cast(dict[str, str], pinned)).load()
     if source.avro is not None:
         return avro.decode(raw, source.avro, streaming=spec.streaming)
     return decode_kafka(raw, source.schema)
@@ -80,9 +125,11 @@ def _kafka_options(spec: JobSpec, source: KafkaSource) -> dict[str, str]:
     }
 
 
-def _kafka_reader(spark: SparkSession, spec: JobSpec, source: KafkaSource) -> DataFrameReader:
-    """A batch read of what the topics hold when it runs (their start, or latest, up to latest)."""
-    return spark.read.format("kafka").options(**_kafka_options(spec, source), endingOffsets="latest")
+def _kafka_reader(spark: SparkSession, spec: JobSpec, pinned: dict[str, str]) -> DataFrameReader:
+    """A batch read of the records pinned for the run (`pin_kafka_reads`): the same at every read."""
+    return spark.read.format("kafka").options(
+        **{"kafka.bootstrap.servers": cast(str, spec.bootstrap_servers), **pinned}
+    )
 
 
 def decode_kafka(raw: DataFrame, schema: str | None) -> DataFrame:
@@ -155,14 +202,15 @@ def _json_scalar(value: Any) -> Any:
 
 
 def input_statistics(
-    spark: SparkSession, spec: JobSpec, views: dict[str, DataFrame]
+    spark: SparkSession, spec: JobSpec, views: dict[str, DataFrame], reads: KafkaReads
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Rows read per input, and the Kafka offsets read per partition (one more pass over each input)."""
+    """Rows read per input, and the Kafka offsets read per partition (one more pass over each input, within
+    the offsets the run pinned)."""
     rows: dict[str, int] = {}
     offsets: list[dict[str, Any]] = []
     for item in spec.inputs:
         if isinstance(item.source, KafkaSource):
-            raw = _kafka_reader(spark, spec, item.source).load()
+            raw = _kafka_reader(spark, spec, reads[item.name]).load()
             ranges = raw.groupBy("topic", "partition").agg(
                 F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"), F.max("offset").alias("last")
             )

@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from fibers import lineage, logs, termination
 from fibers.jobs import progress
-from fibers.jobs.inputs import build_views, input_statistics
+from fibers.jobs.inputs import build_views, input_statistics, pin_kafka_reads
 from fibers.jobs.outputs import ProgressListener, RowCounter, start_query, stop_query, write_outputs
 from fibers.jobs.report import (
     JobResult,
@@ -84,9 +84,10 @@ def load_entrypoint(entrypoint: str) -> Entrypoint:
 def run(spark: SparkSession, spec: JobSpec) -> JobResult:
     """One batch: the SQL over the inputs, written to the sinks, which count the rows as they write them."""
     started = time.monotonic()
-    views = build_views(spark, spec)
+    reads = pin_kafka_reads(spec)
+    views = build_views(spark, spec, reads)
     records, streamed_back = write_outputs(spec, transform(spark, spec, views))
-    rows_in, offsets = input_statistics(spark, spec, views) if spec.lineage else (None, None)
+    rows_in, offsets = input_statistics(spark, spec, views, reads) if spec.lineage else (None, None)
     return JobResult(records, streamed_back, time.monotonic() - started, rows_in, offsets)
 
 
