@@ -45,6 +45,25 @@ def same_kafka(bootstrap: str, declared: str) -> bool:
     return bool(brokers(bootstrap) & brokers(declared))
 
 
+def refuse_another_kafka(bootstrap: str, found: str | None, expected: str) -> None:
+    """PositionsError when the Kafka at `bootstrap` is not the one expected (when both ids are known)."""
+    if expected and found and found != expected:
+        raise PositionsError(
+            f"the Kafka at {bootstrap} is cluster {found}, not {expected}, the one its Kafka Connect uses: name "
+            "that Kafka in the ConnectCluster's spec.kafkaBootstrapServers"
+        )
+
+
+def _matches(regex: str, topic: str) -> bool:
+    """Whether a sink's `topics.regex` (a Java pattern) takes the topic; one Python cannot read is refused."""
+    try:
+        return re.fullmatch(regex, topic) is not None
+    except re.error as exc:
+        raise PositionsError(
+            f"topics.regex {regex!r} cannot be read here ({exc}): name the topics (topics) to seek this connector"
+        ) from None
+
+
 def total(positions: Iterable[Position]) -> int:
     return sum(p.records for p in positions)
 
@@ -55,14 +74,22 @@ def describe(positions: list[Position]) -> str:
     return f"{len(positions)} partition(s) of {topics}: {total(positions)} record(s) to replay"
 
 
-def lookup(bootstrap: str, topics: Iterable[str], start: StartFrom, *, regex: str = "") -> list[Position]:
-    """The positions of `start` in every partition of `topics` (and of every topic matching `regex`)."""
+def lookup(
+    bootstrap: str, topics: Iterable[str], start: StartFrom, *, regex: str = "", cluster_id: str = ""
+) -> list[Position]:
+    """The positions of `start` in every partition of `topics` (and of every topic matching `regex`).
+
+    `cluster_id`: the id of the Kafka the positions are for (a Kafka Connect's, where its consumer group is);
+    positions looked up in another Kafka would name other records there, so another id is refused.
+    """
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
     try:
-        metadata = consumer.list_topics(timeout=TIMEOUT_SECONDS).topics
-        names = sorted(set(topics) | ({t for t in metadata if re.fullmatch(regex, t)} if regex else set()))
+        listing = consumer.list_topics(timeout=TIMEOUT_SECONDS)
+        refuse_another_kafka(bootstrap, listing.cluster_id, cluster_id)
+        metadata = listing.topics
+        names = sorted(set(topics) | ({t for t in metadata if _matches(regex, t)} if regex else set()))
         if not names:
             raise PositionsError(f"no topic matches {regex!r}" if regex else "no topic to position")
         positions = []

@@ -631,6 +631,14 @@ def test_a_seek_in_the_spec_is_asked_once_per_nonce_and_an_annotation_goes_first
         _target(seek={"nonce": "n2", "startFrom": {"position": "bootstrap"}})
 
 
+def test_a_sink_whose_topics_come_from_a_secret_is_sought_not_sent_a_snapshot() -> None:
+    """Decided from the plain config alone, such a sink's seek became a source's snapshot signal."""
+    secret_topics = {"topics": {"secretKeyRef": {"name": "db", "key": "topics"}}}
+    target = _target(seek=SEEK, config={"batch.size": 100}, secretConfig=secret_topics)
+    request = request_for({}, "orders", target.spec, None)
+    assert request is not None and request.operation == "seek"
+
+
 def test_a_seek_stops_the_connector_moves_it_and_records_its_nonce_whatever_the_result() -> None:
     target = _target(seek=SEEK)
     target.offsets_request = request_for({}, "orders", target.spec, None)

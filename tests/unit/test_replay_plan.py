@@ -108,6 +108,15 @@ def test_the_spec_is_checked_before_anything_moves() -> None:
         ReplaySpec.parse({"startFrom": {"position": "earliest"}}, NOW_MS)
 
 
+@pytest.mark.parametrize("pipeline", ["orders pipeline", "orders!", "-orders", "a" * 64])
+def test_a_pipeline_that_is_no_label_value_is_refused_naming_the_field(pipeline: str) -> None:
+    """It is listed by label: before, the API server refused the listing at every look, and the Replay
+    retried for ever with no status (its spec is immutable: only deleting it ended that)."""
+    with pytest.raises(ReplaySpecError, match=r"spec\.pipeline must be a label value"):
+        ReplaySpec.parse({"pipeline": pipeline, "startFrom": {"position": "earliest"}}, NOW_MS)
+    assert ReplaySpec.parse({"pipeline": "orders.v2_x-1", "startFrom": {"position": "earliest"}}, NOW_MS).pipeline
+
+
 def replay(name: str, created: str, pipeline: str, phase: str | None, steps_: list[tuple[str, str]]) -> dict[str, Any]:
     status = {"steps": [{"kind": k, "name": n} for k, n in steps_], **({"phase": phase} if phase else {})}
     return {"metadata": {"name": name, "creationTimestamp": created}, "spec": {"pipeline": pipeline}, "status": status}
@@ -155,6 +164,15 @@ def test_named_resources_are_planned_by_their_specs_so_a_source_connector_is_ski
     bodies = {
         ("connects", "orders-cdc"): {"metadata": {"name": "orders-cdc"}, "spec": {"class": "Pg", "config": {}}},
         ("connects", "orders-sink"): {"metadata": {"name": "orders-sink"}, "spec": {"config": {"topics": "t"}}},
+        # a sink whose topics come from a Secret: a sink all the same (it used to be skipped as a source)
+        ("connects", "secret-sink"): {
+            "metadata": {"name": "secret-sink"},
+            "spec": {
+                "class": "S",
+                "config": {},
+                "secretConfig": {"topics": {"secretKeyRef": {"name": "s", "key": "t"}}},
+            },
+        },
     }
 
     class Kube:
@@ -162,7 +180,7 @@ def test_named_resources_are_planned_by_their_specs_so_a_source_connector_is_ski
             assert namespace == "shop"  # only the Replay's own namespace is read
             return bodies.get((plural, name))
 
-    names = ["orders-cdc", "orders-sink", "not-there-yet"]
+    names = ["orders-cdc", "orders-sink", "secret-sink", "not-there-yet"]
     replay = {
         "metadata": {"namespace": "shop", "name": "r", "uid": "u"},
         "spec": {"startFrom": {"position": "earliest"}, "resources": [{"kind": "Connect", "name": n} for n in names]},
@@ -172,7 +190,7 @@ def test_named_resources_are_planned_by_their_specs_so_a_source_connector_is_ski
     asyncio.run(reconciler._read_spec(p))
     asyncio.run(reconciler._plan_steps(p))
     states = {s["name"]: s["state"] for s in p.status["steps"]}
-    assert states == {"orders-cdc": SKIPPED, "orders-sink": WAITING, "not-there-yet": WAITING}
+    assert states == {"orders-cdc": SKIPPED, "orders-sink": WAITING, "secret-sink": WAITING, "not-there-yet": WAITING}
 
 
 def test_a_suspended_transform_is_repositioned_by_its_pending_seek_instead_of_holding_the_replay() -> None:

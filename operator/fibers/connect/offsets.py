@@ -91,7 +91,7 @@ def request_for(
     request = request_from(annotations, resource, spec.start_from if spec else None)
     seek = spec.seek if spec else None
     if request is None and spec is not None and seek is not None and seek.nonce != last_seek_nonce:
-        operation = "seek" if sink_topics(spec.config) is not None else "snapshot"
+        operation = "seek" if spec.is_sink else "snapshot"  # topics in secretConfig make a sink too
         return OffsetsRequest(operation, start=seek.start, nonce=seek.nonce)
     return request
 

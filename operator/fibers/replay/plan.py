@@ -14,6 +14,7 @@ untouched (Waiting), never left half way.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ STEP_FAILURES = {
 }
 
 
+_LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
 class ReplaySpecError(ValueError):
     """The Replay cannot run; the message names the field."""
 
@@ -64,6 +68,9 @@ class ReplaySpec:
         resources = tuple((str(r["kind"]), str(r["name"])) for r in spec.get("resources") or [])
         if not spec.get("pipeline") and not resources:
             raise ReplaySpecError("spec: name a pipeline or the resources to replay")
+        if spec.get("pipeline") and not _LABEL_VALUE.fullmatch(str(spec["pipeline"])):
+            # it is looked up as a label value: the API server would refuse the listing at every look
+            raise ReplaySpecError("spec.pipeline must be a label value (letters, digits, -, _ and ., up to 63)")
         sinks, sources = str(spec.get("sinks") or "skip-existing"), str(spec.get("sources") or "keep")
         return cls(start, sinks, sources, spec.get("pipeline"), resources)
 

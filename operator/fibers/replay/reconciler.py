@@ -240,8 +240,9 @@ def _absent(name: str) -> dict[str, Any]:
 
 def _why_skipped(kind: str, body: dict[str, Any], sources: str) -> str:
     """Why a step has nothing to move ("" when it has)."""
-    config = (body.get("spec") or {}).get("config") or {}
-    if kind == "Connect" and body.get("spec") and not {"topics", "topics.regex"} & set(config) and sources == "keep":
+    spec = body.get("spec") or {}
+    keys = set(spec.get("config") or {}) | set(spec.get("secretConfig") or {})  # a sink's topics may be a Secret's
+    if kind == "Connect" and spec and not {"topics", "topics.regex"} & keys and sources == "keep":
         return (
             "a source connector has no position in time: the topic it writes keeps what it wrote, and the steps "
             "reading it replay that (spec.sources: snapshot has it send its tables again)"
