@@ -93,6 +93,20 @@ def test_a_step_whose_seek_someone_else_replaced_or_that_went_away_fails_the_rep
     assert plan.decide(SPEC, status, {"Transform/agg": None}, NONCE, "t").status["phase"] == FAILED
 
 
+def test_a_step_that_cannot_take_its_seek_fails_the_replay_and_one_held_up_says_why() -> None:
+    """A Connect with a spec the operator refuses never took the seek: the replay said "waiting for the
+    operator to take the seek" for ever, and held its steps from every later replay."""
+    status = {"steps": [{"kind": "Connect", "name": "sink", "state": SEEKING, "nonce": NONCE}]}
+    refused = target("Connect", "sink", seek=NONCE, status="False", reason="InvalidSpec", message="spec.config.x")
+    decision = plan.decide(SPEC, status, {"Connect/sink": refused}, NONCE, "t")
+    assert decision.status["phase"] == FAILED
+    assert decision.status["steps"][0]["message"] == "cannot take the seek: InvalidSpec: spec.config.x"
+    held = target("Connect", "sink", seek=NONCE, status="False", reason="SecretNotFound", message="Secret db")
+    decision = plan.decide(SPEC, status, {"Connect/sink": held}, NONCE, "t")
+    assert decision.status["phase"] == plan.RUNNING
+    assert decision.status["steps"][0]["message"] == "the seek waits: SecretNotFound: Secret db"
+
+
 def test_every_step_repositioned_or_skipped_is_success() -> None:
     status = {"steps": plan.new_steps([("Connect", "cdc", "why")])}
     decision = plan.decide(SPEC, status, {}, NONCE, "t")

@@ -45,6 +45,11 @@ STEP_FAILURES = {
 _LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
+# A step's Ready=False with one of these reasons, for the generation that carries the seek, keeps the operator
+# from taking the seek until a person changes something.
+SEEK_BLOCKED = {"InvalidSpec", "Conflict", "ConnectorNotOwned"}
+
+
 class ReplaySpecError(ValueError):
     """The Replay cannot run; the message names the field."""
 
@@ -127,9 +132,18 @@ def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple
         # A suspended Transform takes no seek until it is resumed: its first run then is the seek's.
         return REPOSITIONED, "suspended: its run of the seek starts when it is resumed"
     generation = int(meta.get("generation", 0))
-    if status.get("lastSeekNonce") != seek_nonce or int(status.get("observedGeneration", -1)) != generation:
-        return SEEKING, "waiting for the operator to take the seek"
     ready = find(status.get("conditions"), "Ready") or {}
+    if int(status.get("observedGeneration", -1)) != generation:
+        return SEEKING, "waiting for the operator to take the seek"
+    if status.get("lastSeekNonce") != seek_nonce:
+        # The operator has seen the seek and not taken it: what holds it is on Ready. Some of that only a person
+        # changes, and the replay would wait for ever (holding its steps from every other replay).
+        why = f"{ready.get('reason', 'waiting')}: {ready.get('message', '')}"
+        if ready.get("status") == "False" and ready.get("reason") in SEEK_BLOCKED:
+            return FAILED, f"cannot take the seek: {why}"
+        return SEEKING, f"the seek waits: {why}" if ready.get(
+            "status"
+        ) == "False" else "waiting for the operator to take the seek"
     if kind == "Connect":
         moved = find(status.get("conditions"), "Offsets") or {}
         if moved.get("reason") not in ("Repositioned", "SnapshotRequested"):
