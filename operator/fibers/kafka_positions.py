@@ -45,7 +45,7 @@ def same_kafka(bootstrap: str, declared: str) -> bool:
     return bool(brokers(bootstrap) & brokers(declared))
 
 
-def refuse_another_kafka(bootstrap: str, found: str | None, expected: str) -> None:
+def _refuse_another_kafka(bootstrap: str, found: str | None, expected: str) -> None:
     """PositionsError when the Kafka at `bootstrap` is not the one expected (when both ids are known)."""
     if expected and found and found != expected:
         raise PositionsError(
@@ -87,7 +87,7 @@ def lookup(
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
     try:
         listing = consumer.list_topics(timeout=TIMEOUT_SECONDS)
-        refuse_another_kafka(bootstrap, listing.cluster_id, cluster_id)
+        _refuse_another_kafka(bootstrap, listing.cluster_id, cluster_id)
         metadata = listing.topics
         names = sorted(set(topics) | ({t for t in metadata if _matches(regex, t)} if regex else set()))
         if not names:

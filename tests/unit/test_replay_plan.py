@@ -105,6 +105,10 @@ def test_a_step_that_cannot_take_its_seek_fails_the_replay_and_one_held_up_says_
     decision = plan.decide(SPEC, status, {"Connect/sink": held}, NONCE, "t")
     assert decision.status["phase"] == plan.RUNNING
     assert decision.status["steps"][0]["message"] == "the seek waits: SecretNotFound: Secret db"
+    # A DatabusConsumer takes a seek whatever its spec (a seek is how it is put right): it is waited for.
+    status = {"steps": [{"kind": "DatabusConsumer", "name": "view", "state": SEEKING, "nonce": NONCE}]}
+    consumer = target("DatabusConsumer", "view", seek=NONCE, status="False", reason="InvalidSpec", message="m")
+    assert plan.decide(SPEC, status, {"DatabusConsumer/view": consumer}, NONCE, "t").status["phase"] == plan.RUNNING
 
 
 def test_every_step_repositioned_or_skipped_is_success() -> None:

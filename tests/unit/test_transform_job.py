@@ -26,6 +26,7 @@ from fibers.jobs import transform as job
 from fibers.jobs.report import JobResult
 from fibers.jobs.spec import FilesSource, Input, JobSpec, KafkaSource, MongoSink, MongoSource, SpecError
 from fibers.mongodb import BULK_LIMIT
+from fibers.startfrom import StartFrom
 
 ORDERS = [
     {"id": 1, "customer": "ada", "amount": 10.0},
@@ -746,19 +747,41 @@ def test_each_input_and_output_kind_names_its_lineage_datasets(monkeypatch: pyte
     assert "secret" not in repr(inputs + outputs)
 
 
-def test_a_batch_kafka_read_is_the_offsets_found_once_whatever_arrives_later() -> None:
+def test_a_batch_kafka_read_is_the_partitions_and_ends_found_once_whatever_arrives_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every read of a batch run (the SQL's, a recomputation, the lineage statistics) gets these options:
-    exactly the partitions found, from their start to the end they had (not `latest`, resolved per read)."""
-    from fibers.jobs.inputs import kafka_read_options
+    exactly the partitions found, up to the end each had then (not `latest`, resolved again at each read).
+    Where they start: a time's offsets as found; `earliest` as Spark's mark, resolved at each read (an
+    offset found once may be deleted by retention before the last read); anything else as written."""
+    from fibers import kafka_positions
+    from fibers.jobs.inputs import pin_kafka_reads
     from fibers.kafka_positions import Position
 
-    found = [Position("a", 0, 5, 9), Position("a", 1, 0, 0), Position("b", 0, 2, 3)]
-    options = kafka_read_options(found)
-    assert json.loads(options["assign"]) == {"a": [0, 1], "b": [0]}
-    assert json.loads(options["startingOffsets"]) == {"a": {"0": 5, "1": 0}, "b": {"0": 2}}
-    assert json.loads(options["endingOffsets"]) == {"a": {"0": 9, "1": 0}, "b": {"0": 3}}
-    own = '{"a": {"0": -2, "1": 4}, "b": {"0": -2}}'  # startingOffsets as Spark's own JSON: passed on as written
-    assert kafka_read_options(found, starting=own)["startingOffsets"] == own
+    asked: list[StartFrom] = []
+
+    def lookup(bootstrap: str, topics: Any, start: StartFrom) -> list[Position]:
+        asked.append(start)
+        return [Position("a", 0, 5, 9), Position("a", 1, 0, 0), Position("b", 0, 2, 3)]
+
+    monkeypatch.setattr(kafka_positions, "lookup", lookup)
+
+    def reads(kafka: dict[str, Any]) -> dict[str, str]:
+        inputs = [{"name": "orders", "kafka": {"topics": ["a", "b"], **kafka}}]
+        spec = JobSpec.from_dict(spec_dict(tmp_path, kafka={"bootstrapServers": "k:9092"}, inputs=inputs))
+        return pin_kafka_reads(spec)["orders"]
+
+    at = reads({"startFrom": {"timestamp": "2026-11-27T09:00:00Z"}})
+    assert asked[-1] == StartFrom("earliest", 1795770000000)
+    assert json.loads(at["assign"]) == {"a": [0, 1], "b": [0]}
+    assert json.loads(at["startingOffsets"]) == {"a": {"0": 5, "1": 0}, "b": {"0": 2}}
+    assert json.loads(at["endingOffsets"]) == {"a": {"0": 9, "1": 0}, "b": {"0": 3}}
+    earliest = reads({})
+    assert json.loads(earliest["startingOffsets"]) == {"a": {"0": -2, "1": -2}, "b": {"0": -2}}
+    assert earliest["endingOffsets"] == at["endingOffsets"]
+    own = '{"a": {"0": 7, "1": -2}, "b": {"0": -2}}'  # Spark's own JSON, passed on as written
+    assert reads({"startingOffsets": own})["startingOffsets"] == own
+    assert reads({"startingOffsets": "latest"})["startingOffsets"] == "latest"  # Spark refuses it in a batch read
 
 
 def test_a_kafka_input_starts_from_a_time_or_a_position(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from fibers.connect.reconcile import Outcome, Step, Target
 from fibers.connect.registry import ConnectClusters
 from fibers.connect.rest import ConnectClient, ConnectError
 from fibers.connect.spec import KIND
-from fibers.kafka_positions import TIMEOUT_SECONDS, PositionsError, describe, lookup, refuse_another_kafka, total
+from fibers.kafka_positions import PositionsError, describe, lookup, total
 from fibers.kube import Kube, NotOurs
 from fibers.redact import MESSAGE_CHARS, redact, truncate
 from fibers.startfrom import StartFromError
@@ -70,7 +70,7 @@ class OffsetSteps:
             elif step is Step.SNAPSHOT:
                 kafka = self.clusters.kafka_bootstrap(target.cluster) or self.kafka_bootstrap or ""
                 signal = offsets.snapshot_signal(target.config, kafka)
-                await asyncio.to_thread(_send, signal, self._kafka_id(target))
+                await asyncio.to_thread(_send, signal)
                 tables = ", ".join(signal.tables)
                 message = (
                     f"a source connector has no position in time: an incremental snapshot of {tables} was asked "
@@ -100,7 +100,8 @@ class OffsetSteps:
 
     def _kafka_id(self, target: Target) -> str:
         """The id of the Kafka the connector's Kafka Connect uses ("" until it is known): the Kafka a seek's
-        positions and a snapshot's signal must be in, whichever bootstrap list they were reached through."""
+        positions must be in, whichever bootstrap list they were looked up through. (A Debezium source's signal
+        topic may be on another Kafka: `signal.kafka.bootstrap.servers` says which.)"""
         return self.clusters.kafka_ids().get(target.cluster) or ""
 
     def _seekable(self, target: Target) -> tuple[list[str], str]:
@@ -163,17 +164,11 @@ class OffsetSteps:
         self.publisher.event(target, reason if ok else "OffsetsFailed", f"{operation}: {message}", warning=not ok)
 
 
-def _send(signal: offsets.SnapshotSignal, kafka_id: str) -> None:
-    """Write the signal, into the Kafka whose id is `kafka_id` when known, and wait until Kafka has it
-    (blocking: run in a thread)."""
-    from confluent_kafka import KafkaException, Producer
+def _send(signal: offsets.SnapshotSignal) -> None:
+    """Write the signal and wait until Kafka has it (blocking: run in a thread)."""
+    from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": signal.bootstrap, "message.timeout.ms": 15_000})
-    try:
-        found = producer.list_topics(timeout=TIMEOUT_SECONDS).cluster_id  # a topic named here may be created
-    except KafkaException as exc:
-        raise PositionsError(f"Kafka at {signal.bootstrap} did not answer: {exc.args[0]}") from None
-    refuse_another_kafka(signal.bootstrap, found, kafka_id)
     producer.produce(signal.topic, key=signal.key.encode(), value=signal.value.encode())
     if producer.flush(20) != 0:
         raise PositionsError(f"the signal topic {signal.topic} on {signal.bootstrap} did not take the signal")

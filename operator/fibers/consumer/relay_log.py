@@ -39,8 +39,9 @@ class RelayLog:
     def changed(self, cp: Checkpoint) -> str:
         """What differs between the log `cp` was recorded against and this one ("" when nothing known does).
 
-        A checkpoint that records no log (written before these keys, or holding no offset yet) is taken to be
-        of this one: there is nothing to compare.
+        A checkpoint that records no log (written before these keys) is taken to be of this one: there is
+        nothing to compare. One written here records it from its first position on, a bootstrap's too (its
+        target offsets are the relay's).
         """
         for key, now in self._ids().items():
             then = cp.get(key)
@@ -53,9 +54,10 @@ class RelayLog:
         return {CLUSTER_ID: self.cluster_id, TOPIC_ID: self.topic_id}
 
 
-def topic_id(admin: AdminClient, topic: str, timeout: float) -> str:
+def topic_id(bootstrap_servers: str, topic: str, timeout: float) -> str:
     """The topic's id, asked of the broker ("" from one without topic ids; KafkaException, or TimeoutError,
     when it does not answer)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     [future] = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout).values()
     found = str(future.result(timeout).topic_id)
     return "" if found == _NO_TOPIC_ID else found

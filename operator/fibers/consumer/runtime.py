@@ -22,7 +22,6 @@ import uuid
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from fibers import failpoints, lineage, termination
 from fibers.api import API_VERSION
@@ -170,8 +169,7 @@ class Runtime:
             emitter.start(*self._datasets())
         try:
             self.store.load()  # a malformed checkpoint stops the consumer here, before anything is taken
-            admin = AdminClient({"bootstrap.servers": self.config.bootstrap_servers})  # for the topics' ids
-            self.assignment.partitions = {topic: self._relay_topic(admin, topic) for topic in self.config.topics}
+            self.assignment.partitions = {topic: self._relay_topic(topic) for topic in self.config.topics}
             self.waiting_for = ""
             self.sinks.hook("on_start_consumption")
             self.leases.start()
@@ -221,7 +219,7 @@ class Runtime:
 
     # ----- Kafka ------------------------------------------------------------------------------------
 
-    def _relay_topic(self, admin: AdminClient, topic: str) -> list[int]:
+    def _relay_topic(self, topic: str) -> list[int]:
         """The topic's partitions, and its log in `positions.logs`, waited for while it does not exist: a
         consumer is often applied before what writes its topic (a Connect, a Transform). The instance stays
         unready meanwhile and its readiness answer says why (the operator puts it on Ready); exiting instead
@@ -233,13 +231,12 @@ class Runtime:
                 metadata = self.consumer.list_topics(topic, timeout=KAFKA_METADATA_TIMEOUT_SECONDS)
                 info = metadata.topics.get(topic)
                 if info is not None and info.error is None and info.partitions:
-                    found = relay_log.topic_id(admin, topic, KAFKA_METADATA_TIMEOUT_SECONDS)
-                    self.positions.logs[topic] = relay_log.RelayLog(metadata.cluster_id or "", found)
+                    self.positions.logs[topic] = relay_log.RelayLog(metadata.cluster_id or "", self._topic_id(topic))
                     if attempt:
                         log.info("relay topic %s found after %d look(s)", topic, attempt)
                     return sorted(info.partitions)
                 missing = f"relay topic {topic} does not exist yet"
-            except (KafkaException, TimeoutError) as exc:
+            except KafkaException as exc:
                 missing = f"Kafka does not answer for relay topic {topic}: {self._masked(exc)}"
             if not attempt or missing != self.waiting_for:
                 log.warning("%s; waiting for it (the instance stays unready)", missing)
@@ -248,6 +245,19 @@ class Runtime:
             self.stopping.transient(attempt)
             if self.stopping.requested:  # before another metadata call, which may block for its timeout
                 raise StoppedWaiting(f"for relay topic {topic}")
+
+    def _topic_id(self, topic: str) -> str:
+        """The topic's id; "" when the broker does not give it (a proxy that answers metadata only): it guards
+        against a topic created again under its name, and is no reason to hold consumption up."""
+        try:
+            return relay_log.topic_id(self.config.bootstrap_servers, topic, KAFKA_METADATA_TIMEOUT_SECONDS)
+        except (KafkaException, TimeoutError) as exc:
+            log.warning(
+                "could not read the id of relay topic %s (a topic created again under its name goes unnoticed): %s",
+                topic,
+                self._masked(exc),
+            )
+            return ""
 
     def _low_watermark(self, topic: str, partition: int) -> int:
         low, _ = self.consumer.get_watermark_offsets(

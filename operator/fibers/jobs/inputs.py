@@ -18,7 +18,7 @@ import base64
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
 from typing import Any, cast
 
@@ -42,36 +42,51 @@ KafkaReads = dict[str, dict[str, str]]
 
 
 def pin_kafka_reads(spec: JobSpec) -> KafkaReads:
-    """Batch: where each partition of each Kafka input starts (startFrom) and ends (what it holds now),
-    resolved once for the whole run. A time older than what Kafka keeps is refused here (PositionsError
-    saying StartBeforeRetention), as a missing topic or a Kafka that does not answer."""
+    """Batch: each Kafka input's partitions and where each ends (what it holds now), found once for the whole
+    run, and where each starts: a startFrom time's offsets, found then too; `earliest` as Spark's mark for a
+    partition's first offset (what retention leaves at each read: a number found once could be deleted before
+    the run's last read, and fail it); any other startingOffsets as written (`latest`, which Spark refuses in
+    a batch read, or Spark's own JSON). A missing topic, a time older than what Kafka keeps (StartBeforeRetention)
+    or a Kafka that does not answer is a PositionsError."""
     if spec.streaming:
         return {}
     reads: KafkaReads = {}
     for item in spec.inputs:
         source = item.source
         if isinstance(source, KafkaSource):
-            given = source.starting_offsets if source.start_timestamp_ms is None else None
-            # startingOffsets may also be Spark's own JSON of offsets: passed on as written, the end still pinned.
-            own = given not in (None, "earliest", "latest")
-            start = StartFrom(None if own else given, source.start_timestamp_ms)
+            start = StartFrom("earliest", source.start_timestamp_ms)
             found = kafka_positions.lookup(cast(str, spec.bootstrap_servers), source.topics, start)
-            reads[item.name] = kafka_read_options(found, starting=source.starting_offsets if own else None)
+            if source.start_timestamp_ms is not None:
+                starting = _offsets_json(found, lambda p: p.offset)
+            elif source.starting_offsets == "earliest":
+                starting = _offsets_json(found, lambda p: SPARK_EARLIEST)
+            else:
+                starting = source.starting_offsets
+            reads[item.name] = kafka_read_options(found, starting)
     return reads
 
 
-def kafka_read_options(found: list[kafka_positions.Position], starting: str | None = None) -> dict[str, str]:
-    """Spark's options for reading exactly these partitions from their offset (or `starting`) to their end."""
-    begin: dict[str, dict[str, int]] = {}
-    end: dict[str, dict[str, int]] = {}
+SPARK_EARLIEST = -2  # in Spark's startingOffsets JSON: the partition's first offset, resolved at the read
+
+
+def kafka_read_options(found: list[kafka_positions.Position], starting: str) -> dict[str, str]:
+    """Spark's options for reading exactly these partitions, from `starting` to the end each had when found."""
+    partitions: dict[str, list[int]] = {}
     for position in found:
-        begin.setdefault(position.topic, {})[str(position.partition)] = position.offset
-        end.setdefault(position.topic, {})[str(position.partition)] = position.high
+        partitions.setdefault(position.topic, []).append(position.partition)
     return {
-        "assign": json.dumps({topic: [int(p) for p in parts] for topic, parts in end.items()}),
-        "startingOffsets": starting or json.dumps(begin),
-        "endingOffsets": json.dumps(end),
+        "assign": json.dumps(partitions),
+        "startingOffsets": starting,
+        "endingOffsets": _offsets_json(found, lambda p: p.high),
     }
+
+
+def _offsets_json(found: list[kafka_positions.Position], offset: Callable[[kafka_positions.Position], int]) -> str:
+    """Spark's per-partition offsets JSON: {"topic": {"0": offset, ...}, ...}."""
+    by_topic: dict[str, dict[str, int]] = {}
+    for position in found:
+        by_topic.setdefault(position.topic, {})[str(position.partition)] = offset(position)
+    return json.dumps(by_topic)
 
 
 def build_views(spark: SparkSession, spec: JobSpec, reads: KafkaReads | None = None) -> dict[str, DataFrame]:

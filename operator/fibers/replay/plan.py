@@ -46,8 +46,13 @@ _LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?
 
 
 # A step's Ready=False with one of these reasons, for the generation that carries the seek, keeps the operator
-# from taking the seek until a person changes something.
-SEEK_BLOCKED = {"InvalidSpec", "Conflict", "ConnectorNotOwned"}
+# from taking the seek until a person changes something. (A DatabusConsumer takes its seek whatever its spec:
+# the seek is how a consumer is put right.)
+SEEK_BLOCKED = {
+    "Connect": {"InvalidSpec", "Conflict", "ConnectorNotOwned", "ConsumerGroupInUse"},
+    "Transform": {"InvalidSpec", "Conflict"},
+    "DatabusConsumer": {"Conflict"},
+}
 
 
 class ReplaySpecError(ValueError):
@@ -139,7 +144,7 @@ def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple
         # The operator has seen the seek and not taken it: what holds it is on Ready. Some of that only a person
         # changes, and the replay would wait for ever (holding its steps from every other replay).
         why = f"{ready.get('reason', 'waiting')}: {ready.get('message', '')}"
-        if ready.get("status") == "False" and ready.get("reason") in SEEK_BLOCKED:
+        if ready.get("status") == "False" and ready.get("reason") in SEEK_BLOCKED.get(kind, ()):
             return FAILED, f"cannot take the seek: {why}"
         return SEEKING, f"the seek waits: {why}" if ready.get(
             "status"
