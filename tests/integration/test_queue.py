@@ -106,7 +106,7 @@ def queue(kube: ApiClient, stack_info: StackInfo, namespace: str) -> Iterator[st
 def test_two_runs_in_a_queue_with_quota_for_one_run_one_after_the_other(
     queue: str, kube: ApiClient, namespace: str, stack_info: StackInfo, unique: str, operator: OperatorProcess
 ) -> None:
-    """Two Transforms in one queue at once: Kueue admits one; the other's run stays suspended, its status
+    """Two Transforms in one queue: Kueue admits the first; the second's run stays suspended, its status
     saying it waits for admission in the queue and why (Kueue's words), past its submission deadline,
     and starts only once the first has finished."""
     transforms = Resources(kube, "transforms", namespace)
@@ -118,20 +118,26 @@ def test_two_runs_in_a_queue_with_quota_for_one_run_one_after_the_other(
         "queue": queue,
         "submissionDeadlineSeconds": 30,  # a queued run is not failed by it: the wait is Kueue's
     }
-    names = [f"{unique}-a", f"{unique}-b"]
-    for name in names:
-        transforms.create(name, spec)
+    first, second = f"{unique}-a", f"{unique}-b"
+    # The first run holds the quota for 40 s and more (each of its 5 rows pauses 8 s in the executor), past the
+    # second's 30 s deadline however fast the machine: the second waits that long in the queue.
+    pause = "reflect('java.lang.Thread', 'sleep', cast(id * 0 + 8000 AS BIGINT))"
+    transforms.create(first, {**spec, "sql": f"SELECT count(*) AS n FROM rows WHERE coalesce({pause}, '') IS NOT NULL"})
+    wait_for(
+        lambda: (transforms.status(first).get("currentRun") or {}).get("applicationState") == "RUNNING" or None,
+        timeout=180,
+        what="the first run admitted and its driver running",
+    )
+    transforms.create(second, spec)
 
-    def waiting() -> tuple[str, dict[str, Any]] | None:
+    def waiting() -> dict[str, Any] | None:
         # Kueue's words once it has tried to admit it (before that: no Workload yet, or no word).
-        for name in names:
-            ready = transforms.condition(name)
-            if ready.get("reason") == "WaitingForAdmission" and "insufficient unused quota" in ready["message"]:
-                return name, ready
+        ready = transforms.condition(second)
+        if ready.get("reason") == "WaitingForAdmission" and "insufficient unused quota" in ready["message"]:
+            return ready
         return None
 
-    second, said = wait_for(waiting, timeout=120, what="a Transform waiting for admission, with Kueue's reason")
-    [first] = [n for n in names if n != second]
+    said = wait_for(waiting, timeout=120, what="the second Transform waiting for admission, with Kueue's reason")
     print(f"{first} admitted first; {second}: {said['message']}")
     assert f"waiting for admission in queue {queue}: couldn't assign flavors" in said["message"]
     [app] = spark_apps(kube, namespace, second)
