@@ -120,9 +120,12 @@ def test_two_runs_in_a_queue_with_quota_for_one_run_one_after_the_other(
     }
     first, second = f"{unique}-a", f"{unique}-b"
     # The first run holds the quota for 40 s and more (each of its 5 rows pauses 8 s in the executor), past the
-    # second's 30 s deadline however fast the machine: the second waits that long in the queue.
+    # second's 30 s deadline however fast the machine: the second waits that long in the queue. (Under
+    # `length(...) >= 0` the pause is evaluated per row: `coalesce(...) IS NOT NULL` is optimized away.)
     pause = "reflect('java.lang.Thread', 'sleep', cast(id * 0 + 8000 AS BIGINT))"
-    transforms.create(first, {**spec, "sql": f"SELECT count(*) AS n FROM rows WHERE coalesce({pause}, '') IS NOT NULL"})
+    transforms.create(
+        first, {**spec, "sql": f"SELECT count(*) AS n FROM rows WHERE length(coalesce({pause}, '')) >= 0"}
+    )
     wait_for(
         lambda: (transforms.status(first).get("currentRun") or {}).get("applicationState") == "RUNNING" or None,
         timeout=180,
