@@ -39,6 +39,7 @@ KAFKA_TIMEOUT_SECONDS = 30.0  # a metadata or offsets lookup of the startFrom ch
 
 # A batch Kafka input's records: Spark's `assign`, `startingOffsets` and `endingOffsets` (JSON), by input name.
 KafkaReads = dict[str, dict[str, str]]
+SPARK_EARLIEST = -2  # in Spark's startingOffsets JSON: the partition's first offset, resolved at the read
 
 
 def pin_kafka_reads(spec: JobSpec) -> KafkaReads:
@@ -62,14 +63,11 @@ def pin_kafka_reads(spec: JobSpec) -> KafkaReads:
                 starting = _offsets_json(found, lambda p: SPARK_EARLIEST)
             else:
                 starting = source.starting_offsets
-            reads[item.name] = kafka_read_options(found, starting)
+            reads[item.name] = _read_options(found, starting)
     return reads
 
 
-SPARK_EARLIEST = -2  # in Spark's startingOffsets JSON: the partition's first offset, resolved at the read
-
-
-def kafka_read_options(found: list[kafka_positions.Position], starting: str) -> dict[str, str]:
+def _read_options(found: list[kafka_positions.Position], starting: str) -> dict[str, str]:
     """Spark's options for reading exactly these partitions, from `starting` to the end each had when found."""
     partitions: dict[str, list[int]] = {}
     for position in found:

@@ -44,7 +44,6 @@ STEP_FAILURES = {
 
 _LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
-
 # A step's Ready=False with one of these reasons, for the generation that carries the seek, keeps the operator
 # from taking the seek until a person changes something. (A DatabusConsumer takes its seek whatever its spec:
 # the seek is how a consumer is put right.)
@@ -143,12 +142,12 @@ def step_state(kind: str, body: dict[str, Any] | None, seek_nonce: str) -> tuple
     if status.get("lastSeekNonce") != seek_nonce:
         # The operator has seen the seek and not taken it: what holds it is on Ready. Some of that only a person
         # changes, and the replay would wait for ever (holding its steps from every other replay).
+        if ready.get("status") != "False":
+            return SEEKING, "waiting for the operator to take the seek"
         why = f"{ready.get('reason', 'waiting')}: {ready.get('message', '')}"
-        if ready.get("status") == "False" and ready.get("reason") in SEEK_BLOCKED.get(kind, ()):
+        if ready.get("reason") in SEEK_BLOCKED.get(kind, ()):
             return FAILED, f"cannot take the seek: {why}"
-        return SEEKING, f"the seek waits: {why}" if ready.get(
-            "status"
-        ) == "False" else "waiting for the operator to take the seek"
+        return SEEKING, f"the seek waits: {why}"
     if kind == "Connect":
         moved = find(status.get("conditions"), "Offsets") or {}
         if moved.get("reason") not in ("Repositioned", "SnapshotRequested"):
